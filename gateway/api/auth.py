@@ -1,0 +1,103 @@
+"""Bearer tokens for agents (stored as SHA-256 only) and per-token throttling."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions, throttling
+
+from gateway.errors import NotPermitted
+from gateway.models import ApiToken, Principal
+
+TOKEN_PREFIX = "egw_"
+
+
+def hash_token(token: str) -> str:
+    # Tokens carry 256 random bits, so a fast hash is enough: there is nothing to brute-force.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_create(*, principal: Principal) -> str:
+    """A new API token for ``principal``; the clear value is returned once and never stored."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    ApiToken.objects.create(principal=principal, prefix=token[:12], token_hash=hash_token(token))
+    return token
+
+
+@dataclass(frozen=True)
+class PrincipalUser:
+    """What ``request.user`` is for a token: the principal, authenticated."""
+
+    principal: Principal
+    is_authenticated: bool = True
+    is_active: bool = True
+
+    @property
+    def pk(self) -> int:
+        return self.principal.pk
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization: Bearer TOKEN, one token.")
+        try:
+            token = header[1].decode()
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("The token is not valid.") from None
+        record = (
+            ApiToken.objects.select_related("principal__tenant")
+            .filter(token_hash=hash_token(token), revoked_at__isnull=True)
+            .first()
+        )
+        if record is None:
+            raise exceptions.AuthenticationFailed("The token is not valid or was revoked.")
+        now = timezone.now()
+        if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=record.pk).update(last_used_at=now)
+        return PrincipalUser(record.principal), record
+
+    def authenticate_header(self, request) -> str:
+        return self.keyword
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = BearerTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer"}
+
+
+def principal_of(request) -> Principal:
+    """The acting principal, whether the caller used a token or a console session."""
+    user = request.user
+    principal = getattr(user, "principal", None)
+    if principal is None:
+        raise NotPermitted("This login is not linked to a principal of any tenant.")
+    return principal
+
+
+class TokenRateThrottle(throttling.SimpleRateThrottle):
+    """Per token (or per console login) request rate, GATEWAY_TOKEN_RATE."""
+
+    scope = "token"
+
+    def get_cache_key(self, request, view):
+        auth = request.auth
+        if isinstance(auth, ApiToken):
+            ident = f"token:{auth.pk}"
+        elif request.user is not None and getattr(request.user, "is_authenticated", False):
+            ident = f"user:{request.user.pk}"
+        else:
+            ident = f"ip:{self.get_ident(request)}"
+        return self.cache_format % {"scope": self.scope, "ident": ident}

@@ -1,0 +1,204 @@
+"""Input serializers validate shape only; output serializers say exactly what leaves."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from gateway import selectors
+from gateway.choices import EffectStatus
+from gateway.contracts import get_contract
+from gateway.models import Effect, EffectEvent
+from gateway.services import command_payload
+
+
+class CommandSubmitSerializer(serializers.Serializer):
+    type = serializers.CharField(max_length=100)
+    resource = serializers.JSONField(help_text='{"type": "order", "id": "ord_881", "version": 17}')
+    payload = serializers.JSONField(help_text="Validated against the type's payload_schema.")
+    intent = serializers.JSONField(
+        required=False, help_text='{"summary": "…", "task_id": "…", "plan_revision": 1}'
+    )
+    context = serializers.JSONField(
+        required=False,
+        help_text="Correlation: runtime, session_id, run_id, call_id, thread_id, agent.",
+    )
+    expires_in = serializers.JSONField(
+        required=False, help_text="Seconds until the command may no longer be sent (1–604800)."
+    )
+
+
+class ApproveSerializer(serializers.Serializer):
+    payload_digest = serializers.CharField(max_length=80)
+    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class ApprovalSerializer(serializers.Serializer):
+    required = serializers.BooleanField()
+    state = serializers.CharField()
+    approved_by = serializers.CharField(allow_null=True)
+    approved_digest = serializers.CharField(allow_null=True)
+    approved_at = serializers.DateTimeField(allow_null=True)
+
+
+class ReceiptSerializer(serializers.Serializer):
+    provider = serializers.CharField()
+    provider_operation_id = serializers.CharField()
+    provider_status = serializers.CharField()
+    payload_digest = serializers.CharField()
+    digest_matches = serializers.BooleanField()
+    result_digest = serializers.CharField()
+    source = serializers.CharField()
+    received_at = serializers.DateTimeField()
+
+
+class CompensationSerializer(serializers.Serializer):
+    compensator_type = serializers.CharField(allow_null=True)
+    window_ends_at = serializers.DateTimeField(allow_null=True)
+    irreversible = serializers.BooleanField()
+    irreversible_boundary = serializers.CharField(allow_null=True)
+    automatic = serializers.BooleanField()
+    owner = serializers.CharField()
+    compensated_by = serializers.CharField(allow_null=True)
+
+
+class EffectSerializer(serializers.ModelSerializer):
+    """SPEC §5 "The effect"."""
+
+    effect_id = serializers.CharField(source="pk")
+    tenant = serializers.CharField(source="tenant.slug")
+    status = serializers.ChoiceField(choices=EffectStatus.choices)
+    idempotency_key = serializers.CharField(source="command.idempotency_key")
+    provider_idempotency_key = serializers.CharField(source="command.provider_key")
+    payload_digest = serializers.CharField(source="command.payload_digest")
+    resource = serializers.JSONField(source="command.resource")
+    intent = serializers.JSONField(source="command.intent")
+    context = serializers.JSONField(source="command.context")
+    provider = serializers.CharField(source="command.provider")
+    requested_by = serializers.CharField(source="command.requested_by.name")
+    attempts = serializers.IntegerField(source="attempt_count")
+    expires_at = serializers.DateTimeField(source="command.expires_at")
+    payload = serializers.SerializerMethodField()
+    payload_redacted = serializers.BooleanField(read_only=True, default=False)
+    approval = serializers.SerializerMethodField()
+    receipt = serializers.SerializerMethodField()
+    compensation = serializers.SerializerMethodField()
+    compensates = serializers.SerializerMethodField()
+    saga = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Effect
+        fields = [
+            "effect_id",
+            "type",
+            "tenant",
+            "status",
+            "idempotency_key",
+            "provider_idempotency_key",
+            "payload_digest",
+            "resource",
+            "payload",
+            "payload_redacted",
+            "intent",
+            "context",
+            "provider",
+            "owner",
+            "requested_by",
+            "attempts",
+            "expires_at",
+            "created_at",
+            "updated_at",
+            "status_changed_at",
+            "frozen",
+            "mismatch",
+            "escalated",
+            "provider_operation_id",
+            "approval",
+            "receipt",
+            "compensation",
+            "compensates",
+            "saga",
+        ]
+
+    def _viewer(self):
+        return self.context.get("principal")
+
+    @extend_schema_field(serializers.JSONField)
+    def get_payload(self, effect: Effect):
+        viewer = self._viewer()
+        if viewer is not None and selectors.may_see_payload(viewer, effect):
+            return command_payload(effect.command)
+        return effect.command.payload_redacted
+
+    def to_representation(self, effect: Effect):
+        data = super().to_representation(effect)
+        viewer = self._viewer()
+        data["payload_redacted"] = not (
+            viewer is not None and selectors.may_see_payload(viewer, effect)
+        )
+        return data
+
+    @extend_schema_field(ApprovalSerializer)
+    def get_approval(self, effect: Effect):
+        return {
+            "required": effect.command.approval_required,
+            "state": effect.approval_state,
+            "approved_by": effect.approved_by.name if effect.approved_by else None,
+            "approved_digest": effect.approved_digest or None,
+            "approved_at": effect.approved_at,
+        }
+
+    @extend_schema_field(ReceiptSerializer(allow_null=True))
+    def get_receipt(self, effect: Effect):
+        receipt = selectors.effect_latest_receipt(effect)
+        if receipt is None:
+            return None
+        return ReceiptSerializer(receipt).data
+
+    @extend_schema_field(CompensationSerializer)
+    def get_compensation(self, effect: Effect):
+        contract = get_contract(effect.type)
+        window_ends_at = None
+        if contract and contract.compensation_window and effect.confirmed_at:
+            window_ends_at = effect.confirmed_at + contract.compensation_window
+        return {
+            "compensator_type": contract.compensator if contract else None,
+            "window_ends_at": window_ends_at,
+            "irreversible": bool(contract and contract.irreversible),
+            "irreversible_boundary": contract.irreversible_boundary if contract else None,
+            "automatic": bool(contract and contract.automatic_compensation),
+            "owner": effect.owner,
+            "compensated_by": effect.compensated_by_id,
+        }
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_compensates(self, effect: Effect):
+        return effect.command.compensates_id
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_saga(self, effect: Effect):
+        return None
+
+
+class EffectEventSerializer(serializers.ModelSerializer):
+    effect_id = serializers.CharField()
+    principal = serializers.CharField(source="principal.name", allow_null=True, default=None)
+
+    class Meta:
+        model = EffectEvent
+        fields = [
+            "id",
+            "effect_id",
+            "kind",
+            "from_status",
+            "to_status",
+            "actor",
+            "principal",
+            "reason",
+            "data",
+            "created_at",
+        ]

@@ -1,0 +1,267 @@
+"""The agents' and operators' HTTP API (SPEC §5). Views validate, call one service, and
+answer with the output serializer; errors leave through gateway.api.problems."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status as http
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gateway import selectors, services
+from gateway.api.auth import principal_of
+from gateway.api.serializers import (
+    ApproveSerializer,
+    CommandSubmitSerializer,
+    EffectEventSerializer,
+    EffectSerializer,
+    ReasonSerializer,
+)
+from gateway.choices import EffectStatus
+from gateway.contracts import CONTRACTS
+from gateway.errors import ValidationProblem
+from gateway.models import Effect
+
+
+class NewestFirst(CursorPagination):
+    """Cursor pagination on the time-ordered primary key: constant cost at any depth."""
+
+    ordering = "-command"
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 500
+
+
+def _effect_response(request: Request, effect: Effect, code: int = 200, **headers) -> Response:
+    fresh = selectors.effect_get(principal=principal_of(request), effect_id=effect.pk)
+    body = EffectSerializer(fresh, context={"principal": principal_of(request)}).data
+    return Response(body, status=code, headers=headers or None)
+
+
+class CommandSubmitView(APIView):
+    """POST /api/v1/commands — freeze a command; replay-safe by Idempotency-Key."""
+
+    @extend_schema(
+        request=CommandSubmitSerializer,
+        responses={201: EffectSerializer, 200: EffectSerializer},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                required=True,
+                description="A stable business key: the same key always means the same command.",
+            )
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key")
+        if not key:
+            raise ValidationProblem(
+                "The Idempotency-Key header is required: a stable business key for this "
+                "command (e.g. refund:ord_881:incident_120:v1), never a random id per attempt.",
+                errors={"Idempotency-Key": ["required"]},
+            )
+        if not isinstance(request.data, dict):
+            raise ValidationProblem(
+                "The body must be a JSON object.", errors={"body": ["must be an object"]}
+            )
+        serializer = CommandSubmitSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        submission = services.command_submit(
+            principal=principal_of(request),
+            idempotency_key=key,
+            type=data["type"],
+            resource=data["resource"],
+            payload=data["payload"],
+            intent=data.get("intent"),
+            context=data.get("context"),
+            expires_in=data.get("expires_in"),
+        )
+        if submission.created:
+            return _effect_response(request, submission.effect, http.HTTP_201_CREATED)
+        return _effect_response(
+            request, submission.effect, http.HTTP_200_OK, **{"Idempotent-Replayed": "true"}
+        )
+
+
+class EffectViewSet(viewsets.ReadOnlyModelViewSet):
+    """Effects of the caller's tenant; state changes only through the actions below."""
+
+    serializer_class = EffectSerializer
+    pagination_class = NewestFirst
+    lookup_field = "pk"
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):
+        params = self.request.query_params
+        statuses = [s for s in params.getlist("status") for s in s.split(",") if s]
+        unknown = sorted(set(statuses) - set(EffectStatus.values))
+        if unknown:
+            raise ValidationProblem(
+                "Unknown status filter.",
+                errors={"status": [f"{', '.join(unknown)} is not one of {EffectStatus.values}"]},
+            )
+        return selectors.effects_filtered(
+            principal=principal_of(self.request),
+            status=statuses,
+            type=params.get("type"),
+            owner=params.get("owner"),
+        )
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "principal": principal_of(self.request)}
+
+    def get_object(self) -> Effect:
+        return selectors.effect_get(
+            principal=principal_of(self.request), effect_id=self.kwargs["pk"]
+        )
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", OpenApiTypes.STR, many=True),
+            OpenApiParameter("type", OpenApiTypes.STR),
+            OpenApiParameter("owner", OpenApiTypes.STR),
+            OpenApiParameter("limit", OpenApiTypes.INT),
+        ]
+    )
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "wait",
+                OpenApiTypes.NUMBER,
+                description="Long poll: answer when the status changes, or after this many "
+                "seconds (at most GATEWAY_MAX_WAIT).",
+            )
+        ]
+    )
+    def retrieve(self, request, *args, **kwargs):
+        effect = self.get_object()
+        wait = _parse_wait(request.query_params.get("wait"))
+        if wait:
+            effect = _wait_for_change(effect, wait)
+        return Response(self.get_serializer(effect).data)
+
+    @extend_schema(responses=EffectEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        effect = self.get_object()
+        events = selectors.effect_events(effect)
+        return Response(EffectEventSerializer(events, many=True).data)
+
+    @extend_schema(request=ApproveSerializer, responses=EffectSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        effect = self.get_object()
+        body = _valid(ApproveSerializer, request)
+        services.effect_approve(
+            effect=effect,
+            principal=principal_of(request),
+            payload_digest=body["payload_digest"],
+            comment=body.get("comment", ""),
+        )
+        return _effect_response(request, effect)
+
+    @extend_schema(request=ReasonSerializer, responses=EffectSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        effect = self.get_object()
+        body = _valid(ReasonSerializer, request)
+        services.effect_reject(
+            effect=effect, principal=principal_of(request), reason=body.get("reason", "")
+        )
+        return _effect_response(request, effect)
+
+    @extend_schema(request=ReasonSerializer, responses=EffectSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        effect = self.get_object()
+        body = _valid(ReasonSerializer, request)
+        services.effect_cancel(
+            effect=effect, principal=principal_of(request), reason=body.get("reason", "")
+        )
+        return _effect_response(request, effect)
+
+    @extend_schema(request=ReasonSerializer, responses=EffectSerializer)
+    @action(detail=True, methods=["post"])
+    def freeze(self, request, pk=None):
+        effect = self.get_object()
+        body = _valid(ReasonSerializer, request)
+        services.effect_set_frozen(
+            effect=effect,
+            principal=principal_of(request),
+            frozen=True,
+            reason=body.get("reason", ""),
+        )
+        return _effect_response(request, effect)
+
+    @extend_schema(request=ReasonSerializer, responses=EffectSerializer)
+    @action(detail=True, methods=["post"])
+    def unfreeze(self, request, pk=None):
+        effect = self.get_object()
+        body = _valid(ReasonSerializer, request)
+        services.effect_set_frozen(
+            effect=effect,
+            principal=principal_of(request),
+            frozen=False,
+            reason=body.get("reason", ""),
+        )
+        return _effect_response(request, effect)
+
+
+def _valid(serializer_class, request: Request) -> dict:
+    data = request.data if request.data else {}
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _parse_wait(raw: str | None) -> float:
+    if raw in (None, ""):
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValidationProblem(
+            "wait must be a number of seconds.", errors={"wait": ["must be a number"]}
+        ) from None
+    if value < 0:
+        raise ValidationProblem("wait must not be negative.", errors={"wait": ["must be >= 0"]})
+    return min(value, settings.GATEWAY_MAX_WAIT)
+
+
+def _wait_for_change(effect: Effect, seconds: float) -> Effect:
+    """Poll the one status column until it differs from what the caller saw."""
+    deadline = time.monotonic() + seconds
+    seen = effect.status
+    pause = 0.05
+    while time.monotonic() < deadline:
+        current = Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first()
+        if current != seen:
+            break
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 2, 0.5)
+    effect.refresh_from_db()
+    return Effect.objects.select_related(
+        "command", "command__requested_by", "approved_by", "tenant"
+    ).get(pk=effect.pk)
+
+
+class EffectTypesView(APIView):
+    """GET /api/v1/effect-types — every contract, with its schema and an example."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response({"results": [contract.as_data() for contract in CONTRACTS.values()]})

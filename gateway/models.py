@@ -1,0 +1,306 @@
+"""The effect ledger.
+
+A *command* is what an agent asked for, frozen at submission and never updated. Its *effect*
+carries the mutable bookkeeping (status, fence, schedule). *Attempts* and *receipts* are
+append-only, and every change of an effect's status appends an *event* in the same
+transaction.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from gateway.choices import (
+    DISPATCHABLE,
+    TO_RECONCILE,
+    ApprovalState,
+    AttemptState,
+    EffectStatus,
+    Outcome,
+    Role,
+)
+from gateway.lib.ids import new_id
+
+
+def new_effect_id() -> str:
+    return new_id("eff")
+
+
+class Tenant(models.Model):
+    """An organisation whose agents, keys and effects are isolated from every other's."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Principal(models.Model):
+    """An agent or a person acting for a tenant, with one role."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="principals")
+    name = models.CharField(max_length=150)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    # Console login; agents have none.
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="principal",
+    )
+    frozen = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="principal_unique_name"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="principal_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.tenant.slug}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}:{self.name}"
+
+
+class ApiToken(models.Model):
+    """A bearer token, stored only as its SHA-256; the clear token is shown once."""
+
+    principal = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="tokens")
+    prefix = models.CharField(max_length=12)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.principal})"
+
+
+class Command(models.Model):
+    """What was asked, frozen at submission: never updated, never deleted."""
+
+    effect_id = models.CharField(
+        max_length=32, primary_key=True, default=new_effect_id, editable=False
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="commands")
+    type = models.CharField(max_length=100)
+    provider = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=255)
+    # The key sent to the provider: scoped by tenant, because one provider account may serve
+    # several tenants and a key belongs to one tenant (SPEC §5).
+    provider_key = models.CharField(max_length=330)
+    payload_digest = models.CharField(max_length=71)
+    resource = models.JSONField()
+    resource_type = models.CharField(max_length=64)
+    resource_id = models.CharField(max_length=200)
+    resource_version = models.BigIntegerField(null=True, blank=True)
+    # The payload is sealed (encrypted) at rest; the clear JSON keeps personal fields redacted.
+    payload_sealed = models.TextField()
+    payload_redacted = models.JSONField()
+    intent = models.JSONField(default=dict, blank=True)
+    context = models.JSONField(default=dict, blank=True)
+    requested_by = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="commands")
+    approval_required = models.BooleanField()
+    compensates = models.ForeignKey(
+        "Command",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="compensations",
+    )
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # Concurrent submissions of one key race on this index, not on a prior SELECT.
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"], name="command_unique_key_per_tenant"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "resource_type", "resource_id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} {self.type}"
+
+
+class Effect(models.Model):
+    """The state of one command's execution; every change goes through gateway.services."""
+
+    command = models.OneToOneField(
+        Command,
+        primary_key=True,
+        on_delete=models.PROTECT,
+        related_name="effect",
+        db_column="effect_id",
+    )
+    # Copied from the command so that the list and triage queries need no join.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="effects")
+    type = models.CharField(max_length=100)
+    owner = models.CharField(max_length=100)
+
+    status = models.CharField(max_length=24, choices=EffectStatus.choices)
+    status_changed_at = models.DateTimeField()
+    # Incremented by every claim; a worker may write its outcome only with the current fence.
+    fence = models.BigIntegerField(default=0)
+    attempt_count = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # When the dispatch sweeper may (re-)enqueue this effect; None: not waiting for dispatch.
+    next_dispatch_at = models.DateTimeField(null=True, blank=True)
+    # When the reconciler looks this effect up next; None: nothing to ask the provider.
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    check_count = models.PositiveIntegerField(default=0)
+    frozen = models.BooleanField(default=False)
+    # The provider recorded something other than the command (digest, target).
+    mismatch = models.BooleanField(default=False)
+    # Handed to a human: the automatic paths have given up on it.
+    escalated = models.BooleanField(default=False)
+    provider_operation_id = models.CharField(max_length=200, blank=True)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+
+    approval_state = models.CharField(max_length=16, choices=ApprovalState.choices)
+    approved_by = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approved_digest = models.CharField(max_length=71, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+
+    compensated_by = models.ForeignKey(
+        Command, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=EffectStatus.values), name="effect_status_valid"
+            ),
+        ]
+        indexes = [
+            # GET /effects?status=…: newest first within a tenant (ids sort by time).
+            models.Index(fields=["tenant", "status", "-command"], name="effect_tenant_status"),
+            models.Index(fields=["tenant", "type", "-command"], name="effect_tenant_type"),
+            models.Index(fields=["tenant", "owner", "-command"], name="effect_tenant_owner"),
+            models.Index(fields=["tenant", "-command"], name="effect_tenant_newest"),
+            # The dispatch sweeper: due PREPARED / NOT_STARTED effects.
+            models.Index(
+                fields=["next_dispatch_at"],
+                name="effect_dispatch_due",
+                condition=Q(status__in=sorted(DISPATCHABLE)),
+            ),
+            # Lease recovery: DISPATCHING claims whose lease ran out.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="effect_lease_due",
+                condition=Q(status=EffectStatus.DISPATCHING),
+            ),
+            # The reconciler: due UNKNOWN / IN_PROGRESS lookups.
+            models.Index(
+                fields=["next_check_at"],
+                name="effect_reconcile_due",
+                condition=Q(status__in=sorted(TO_RECONCILE)),
+            ),
+            # The triage queue: what needs a human, oldest first.
+            models.Index(
+                fields=["tenant", "status_changed_at"],
+                name="effect_triage",
+                condition=Q(status__in=["UNKNOWN", "COMPENSATION_FAILED", "IN_PROGRESS"])
+                | Q(mismatch=True)
+                | Q(escalated=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pk} {self.status}"
+
+    @property
+    def effect_id(self) -> str:
+        return self.pk
+
+
+class Attempt(models.Model):
+    """One dispatch try, written ("sending") before the provider is called."""
+
+    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="attempts")
+    number = models.PositiveIntegerField()
+    fence = models.BigIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    state = models.CharField(max_length=16, choices=AttemptState.choices)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    provider_operation_id = models.CharField(max_length=200, blank=True)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["effect", "number"], name="attempt_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} #{self.number}"
+
+
+class Receipt(models.Model):
+    """What the provider says happened; written only from a provider answer or a lookup."""
+
+    class Source(models.TextChoices):
+        DISPATCH = "dispatch"
+        RECONCILER = "reconciler"
+        WEBHOOK = "webhook"
+
+    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="receipts")
+    attempt = models.ForeignKey(
+        Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts"
+    )
+    source = models.CharField(max_length=16, choices=Source.choices)
+    provider = models.CharField(max_length=64)
+    provider_operation_id = models.CharField(max_length=200)
+    provider_status = models.CharField(max_length=32)
+    payload_digest = models.CharField(max_length=71, blank=True)
+    digest_matches = models.BooleanField()
+    result = models.JSONField(default=dict, blank=True)
+    result_digest = models.CharField(max_length=71)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["effect", "-received_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.provider_operation_id} {self.provider_status}"
+
+
+class EffectEvent(models.Model):
+    """An append-only line of an effect's history: who or what, when, from, to, why."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="events")
+    kind = models.CharField(max_length=40)
+    from_status = models.CharField(max_length=24, blank=True)
+    to_status = models.CharField(max_length=24, blank=True)
+    actor = models.CharField(max_length=200)
+    principal = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    # Evidence only (ids, status codes, digests); never the payload.
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["effect", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} {self.kind} {self.from_status}->{self.to_status}"

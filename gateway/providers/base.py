@@ -1,0 +1,68 @@
+"""What every provider adapter returns: one outcome vocabulary with its evidence (STYLE 9)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.choices import Outcome
+
+
+@dataclass(frozen=True)
+class ProviderOperation:
+    """An operation as the provider reports it."""
+
+    id: str
+    status: str
+    payload_digest: str
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExecuteRequest:
+    """Everything an adapter needs to send one command; no ORM objects."""
+
+    effect_id: str
+    type: str
+    idempotency_key: str
+    resource: dict[str, Any]
+    payload: dict[str, Any]
+    payload_digest: str
+    timeout: float
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The classified outcome of a send or a lookup, with what proves it."""
+
+    outcome: Outcome
+    reason: str
+    operation: ProviderOperation | None = None
+    http_status: int | None = None
+    error: str = ""
+    # The provider recorded something other than the command (digest, key reuse).
+    mismatch: bool = False
+
+
+class LookupStatus:
+    FOUND = "found"
+    NOT_FOUND = "not_found"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """What a lookup proved: found (with the operation), not found, or nothing (unreachable)."""
+
+    status: str
+    operation: ProviderOperation | None = None
+    http_status: int | None = None
+    error: str = ""
+
+
+class ProviderAdapter(Protocol):
+    def execute(self, request: ExecuteRequest) -> CallResult: ...
+
+    def lookup(
+        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
+    ) -> LookupResult: ...

@@ -1,0 +1,52 @@
+"""Reads of the ledger (STYLE 4): every query a view or a worker runs, scoped by tenant."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from gateway.choices import Role
+from gateway.errors import NotFound
+from gateway.models import Effect, EffectEvent, Principal
+
+PAYLOAD_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+
+
+def effects_for_principal(principal: Principal) -> QuerySet[Effect]:
+    """Effects the principal may see: its tenant's, and no other's."""
+    return Effect.objects.filter(tenant_id=principal.tenant_id).select_related(
+        "command", "command__requested_by", "approved_by", "tenant"
+    )
+
+
+def effect_get(*, principal: Principal, effect_id: str) -> Effect:
+    effect = effects_for_principal(principal).filter(pk=effect_id).first()
+    if effect is None:
+        # Another tenant's effect does not exist for this caller.
+        raise NotFound(f"No effect {effect_id}.")
+    return effect
+
+
+def effects_filtered(
+    *, principal: Principal, status: list[str] | None = None, type: str | None = None,
+    owner: str | None = None,
+) -> QuerySet[Effect]:
+    query = effects_for_principal(principal)
+    if status:
+        query = query.filter(status__in=status)
+    if type:
+        query = query.filter(type=type)
+    if owner:
+        query = query.filter(owner=owner)
+    return query
+
+
+def effect_events(effect: Effect) -> QuerySet[EffectEvent]:
+    return effect.events.select_related("principal").order_by("id")
+
+
+def effect_latest_receipt(effect: Effect):
+    return effect.receipts.order_by("-received_at", "-id").first()
+
+
+def may_see_payload(principal: Principal, effect: Effect) -> bool:
+    return principal.role in PAYLOAD_ROLES or effect.command.requested_by_id == principal.pk

@@ -1,0 +1,783 @@
+"""Every write to the ledger. One function per transition, each a compare-and-set that appends
+its event in the same transaction (STYLE 4–8).
+
+The dispatch path is split in atomic phases so that a crash at any point leaves a visible
+row, never a gap:
+
+1. ``effect_claim``: PREPARED/NOT_STARTED → DISPATCHING with a new fence, attempt row
+   "sending", committed *before* the provider is called.
+2. the adapter call, outside any transaction;
+3. ``effect_record_outcome``: written only while the fence still matches; a worker that lost
+   its claim (lease recovery, a newer claim) has its late answer refused and recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from gateway.choices import (
+    ALLOWED_TRANSITIONS,
+    BEFORE_DISPATCH,
+    DISPATCHABLE,
+    OUTCOME_STATUS,
+    ApprovalState,
+    AttemptState,
+    EffectStatus,
+    Outcome,
+    Role,
+)
+from gateway.contracts import EffectContract, get_contract
+from gateway.errors import (
+    DigestMismatch,
+    IdempotencyKeyMismatch,
+    InvalidTransition,
+    NotPermitted,
+    ValidationProblem,
+)
+from gateway.lib.digest import payload_digest, sha256_digest
+from gateway.lib.vault import open_json, seal_json
+from gateway.models import Attempt, Command, Effect, EffectEvent, Principal, Receipt
+from gateway.providers.base import CallResult, ExecuteRequest
+from gateway.providers.registry import adapter_for
+
+logger = logging.getLogger(__name__)
+
+S = EffectStatus
+SUBMITTER_ROLES = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
+APPROVER_ROLES = frozenset({Role.APPROVER, Role.ADMIN})
+OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+MAX_KEY_LENGTH = 255
+MAX_EXPIRES_IN = 7 * 24 * 3600
+DEFAULT_EXPIRES_IN = 3600
+REDACTED = "[redacted]"
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# --- events and the one compare-and-set ---------------------------------------------------
+
+
+def _event(
+    effect: Effect,
+    *,
+    kind: str,
+    actor: str,
+    reason: str = "",
+    from_status: str = "",
+    to_status: str = "",
+    principal: Principal | None = None,
+    data: dict[str, Any] | None = None,
+    now=None,
+) -> EffectEvent:
+    return EffectEvent.objects.create(
+        tenant_id=effect.tenant_id,
+        effect=effect,
+        kind=kind,
+        from_status=from_status,
+        to_status=to_status,
+        actor=actor,
+        principal=principal,
+        reason=reason,
+        data=data or {},
+        created_at=now or timezone.now(),
+    )
+
+
+def _transition(
+    effect: Effect,
+    *,
+    to: str,
+    actor: str,
+    reason: str,
+    principal: Principal | None = None,
+    kind: str = "status",
+    expect_fence: int | None = None,
+    data: dict[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    """Move ``effect`` from the status it was read with to ``to``, or do nothing.
+
+    Compare-and-set on the status read (and the fence, for workers): if another actor — a
+    second worker, the reconciler, an operator — changed the effect since it was read, the
+    update matches no row and the caller must re-read and decide again. Must run inside the
+    caller's transaction so that the event commits with the change.
+    """
+    if to not in ALLOWED_TRANSITIONS[effect.status]:
+        raise InvalidTransition(f"{effect.pk} cannot go from {effect.status} to {to}")
+    now = timezone.now()
+    query = Effect.objects.filter(pk=effect.pk, status=effect.status)
+    if expect_fence is not None:
+        query = query.filter(fence=expect_fence)
+    changed = query.update(status=to, status_changed_at=now, updated_at=now, **fields)
+    if changed != 1:
+        return False
+    _event(
+        effect,
+        kind=kind,
+        actor=actor,
+        reason=reason,
+        from_status=effect.status,
+        to_status=to,
+        principal=principal,
+        data=data,
+        now=now,
+    )
+    from_status = effect.status
+    effect.status = to
+    for name, value in fields.items():
+        if not hasattr(value, "resolve_expression"):
+            setattr(effect, name, value)
+    logger.info(
+        "effect transition",
+        extra={"effect_id": effect.pk, "from": from_status, "to": to, "actor": actor},
+    )
+    return True
+
+
+def _enqueue_dispatch(effect_id: str) -> None:
+    from gateway.tasks import dispatch_effect
+
+    # After commit: a worker must never pick up an effect whose row it cannot see yet.
+    transaction.on_commit(partial(dispatch_effect.delay, effect_id))
+
+
+def _backoff(base: float, attempt: int, *, cap: float = 300.0) -> timedelta:
+    """Exponential backoff with full jitter on the upper half: base·2^(attempt-1), capped."""
+    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
+    return timedelta(seconds=random.uniform(ceiling / 2, ceiling))
+
+
+# --- submission -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submission:
+    effect: Effect
+    created: bool
+
+
+def _validate_submission(
+    *,
+    contract: EffectContract | None,
+    effect_type: Any,
+    resource: Any,
+    payload: Any,
+    intent: Any,
+    context: Any,
+    expires_in: Any,
+) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    if contract is None:
+        errors["type"] = [f"unknown effect type {effect_type!r}; see GET /api/v1/effect-types"]
+    if not isinstance(resource, dict):
+        errors["resource"] = ["must be an object with type, id and (where needed) version"]
+    else:
+        if contract and resource.get("type") != contract.resource_type:
+            errors["resource.type"] = [f"must be {contract.resource_type!r} for this type"]
+        rid = resource.get("id")
+        if not isinstance(rid, str) or not rid or len(rid) > 200:
+            errors["resource.id"] = ["must be a non-empty string of at most 200 characters"]
+        version = resource.get("version")
+        if version is None:
+            if contract and contract.resource_version_required:
+                errors["resource.version"] = ["required: the version you expect to change"]
+        elif isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            errors["resource.version"] = ["must be a non-negative integer"]
+        extra = set(resource) - {"type", "id", "version"}
+        if extra:
+            errors["resource"] = [f"unexpected fields: {', '.join(sorted(extra))}"]
+    if not isinstance(payload, dict):
+        errors["payload"] = ["must be an object"]
+    elif contract:
+        validator = jsonschema.Draft202012Validator(contract.payload_schema)
+        for error in sorted(validator.iter_errors(payload), key=lambda e: list(e.path)):
+            path = ".".join(str(part) for part in error.path)
+            errors.setdefault(f"payload.{path}" if path else "payload", []).append(error.message)
+    if intent is not None and not isinstance(intent, dict):
+        errors["intent"] = ["must be an object (summary, task_id, plan_revision)"]
+    elif isinstance(intent, dict):
+        summary = intent.get("summary")
+        if summary is not None and (not isinstance(summary, str) or len(summary) > 4000):
+            errors["intent.summary"] = ["must be a string of at most 4000 characters"]
+        revision = intent.get("plan_revision")
+        if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)):
+            errors["intent.plan_revision"] = ["must be an integer"]
+    if context is not None and not isinstance(context, dict):
+        errors["context"] = ["must be an object"]
+    if expires_in is not None and (
+        isinstance(expires_in, bool)
+        or not isinstance(expires_in, int)
+        or not 1 <= expires_in <= MAX_EXPIRES_IN
+    ):
+        errors["expires_in"] = [f"must be whole seconds from 1 to {MAX_EXPIRES_IN}"]
+    return errors
+
+
+def redact(payload: dict[str, Any], contract: EffectContract) -> dict[str, Any]:
+    return {
+        name: REDACTED if name in contract.personal_fields else value
+        for name, value in payload.items()
+    }
+
+
+def command_submit(
+    *,
+    principal: Principal,
+    idempotency_key: str,
+    type: Any,
+    resource: Any,
+    payload: Any,
+    intent: Any = None,
+    context: Any = None,
+    expires_in: Any = None,
+    compensates: Command | None = None,
+) -> Submission:
+    """Freeze a command and create its effect, or return the effect this key already names.
+
+    Same key + same digest returns the existing effect (``created=False``), however many
+    callers race: they collide on the (tenant, key) unique index, not on a prior SELECT.
+    Same key + another digest raises IdempotencyKeyMismatch. Nothing is written otherwise.
+    """
+    if not isinstance(idempotency_key, str) or not idempotency_key.strip():
+        raise ValidationProblem(
+            "The Idempotency-Key header is required: a stable business key for this command.",
+            errors={"Idempotency-Key": ["required"]},
+        )
+    if len(idempotency_key) > MAX_KEY_LENGTH or not idempotency_key.isprintable():
+        raise ValidationProblem(
+            "The Idempotency-Key is not valid.",
+            errors={"Idempotency-Key": [f"at most {MAX_KEY_LENGTH} printable characters"]},
+        )
+    contract = get_contract(type) if isinstance(type, str) else None
+    errors = _validate_submission(
+        contract=contract,
+        effect_type=type,
+        resource=resource,
+        payload=payload,
+        intent=intent,
+        context=context,
+        expires_in=expires_in,
+    )
+    if errors:
+        raise ValidationProblem("The command is not valid.", errors=errors)
+    assert contract is not None
+    if principal.role not in SUBMITTER_ROLES:
+        raise NotPermitted(f"A principal with role {principal.role} cannot submit commands.")
+    if principal.frozen:
+        raise NotPermitted(f"Principal {principal.name} is frozen.")
+
+    digest = payload_digest(type=contract.type, resource=resource, payload=payload)
+    existing = _existing_command(principal, idempotency_key, digest)
+    if existing is not None:
+        return Submission(existing, created=False)
+
+    now = timezone.now()
+    needs_approval = contract.requires_approval(payload)
+    status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
+    try:
+        with transaction.atomic():
+            command = Command.objects.create(
+                tenant_id=principal.tenant_id,
+                type=contract.type,
+                provider=contract.provider,
+                idempotency_key=idempotency_key,
+                provider_key=f"{principal.tenant.slug}:{idempotency_key}",
+                payload_digest=digest,
+                resource=resource,
+                resource_type=resource["type"],
+                resource_id=resource["id"],
+                resource_version=resource.get("version"),
+                payload_sealed=seal_json(payload),
+                payload_redacted=redact(payload, contract),
+                intent=intent or {},
+                context=context or {},
+                requested_by=principal,
+                approval_required=needs_approval,
+                compensates=compensates,
+                expires_at=now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),
+                created_at=now,
+            )
+            effect = Effect.objects.create(
+                command=command,
+                tenant_id=principal.tenant_id,
+                type=contract.type,
+                owner=contract.owner,
+                status=status,
+                status_changed_at=now,
+                approval_state=(
+                    ApprovalState.PENDING if needs_approval else ApprovalState.NOT_REQUIRED
+                ),
+                # If the message below is lost, the sweeper sends it again after this.
+                next_dispatch_at=(
+                    None
+                    if needs_approval
+                    else now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
+                ),
+                created_at=now,
+                updated_at=now,
+            )
+            _event(
+                effect,
+                kind="submitted",
+                actor=principal.label,
+                principal=principal,
+                to_status=status,
+                now=now,
+                reason=("waiting for an approver: " + contract.approval.description)
+                if needs_approval
+                else "",
+                data={"idempotency_key": idempotency_key, "payload_digest": digest},
+            )
+            if not needs_approval:
+                _enqueue_dispatch(effect.pk)
+    except IntegrityError:
+        # Another request with this key committed first: it is the one effect for the key.
+        existing = _existing_command(principal, idempotency_key, digest)
+        if existing is None:
+            raise
+        return Submission(existing, created=False)
+    return Submission(effect, created=True)
+
+
+def _existing_command(principal: Principal, key: str, digest: str) -> Effect | None:
+    command = (
+        Command.objects.filter(tenant_id=principal.tenant_id, idempotency_key=key)
+        .only("effect_id", "payload_digest")
+        .first()
+    )
+    if command is None:
+        return None
+    if command.payload_digest != digest:
+        raise IdempotencyKeyMismatch(
+            f"Idempotency key {key!r} was used for command {command.effect_id} with digest "
+            f"{command.payload_digest}; this request has digest {digest}. Send the identical "
+            "command to replay it, or use a new key for a new command.",
+            extra={"effect_id": command.effect_id, "payload_digest": command.payload_digest},
+        )
+    return Effect.objects.select_related("command").get(pk=command.effect_id)
+
+
+def command_payload(command: Command) -> dict[str, Any]:
+    """The clear payload (for the dispatcher and for roles allowed to see it)."""
+    return open_json(command.payload_sealed)
+
+
+# --- human actions ----------------------------------------------------------------------------
+
+
+def _require_role(principal: Principal, roles: frozenset[str], action: str) -> None:
+    if principal.role not in roles:
+        raise NotPermitted(f"A principal with role {principal.role} cannot {action}.")
+    if principal.frozen:
+        raise NotPermitted(f"Principal {principal.name} is frozen.")
+
+
+def effect_cancel(*, effect: Effect, principal: Principal, reason: str = "") -> Effect:
+    """Cancel before dispatch: by the requester or an operator."""
+    is_requester = effect.command.requested_by_id == principal.pk
+    if not is_requester:
+        _require_role(principal, OPERATOR_ROLES, "cancel another principal's command")
+    with transaction.atomic():
+        if effect.status not in BEFORE_DISPATCH or not _transition(
+            effect,
+            to=S.CANCELLED,
+            actor=principal.label,
+            principal=principal,
+            reason=reason or "cancelled before dispatch",
+            next_dispatch_at=None,
+        ):
+            effect.refresh_from_db()
+            raise InvalidTransition(
+                f"Effect {effect.pk} is {effect.status}: only an effect that has not been "
+                "dispatched can be cancelled (compensate a confirmed one instead)."
+            )
+    return effect
+
+
+def _not_awaiting_approval(effect: Effect) -> InvalidTransition:
+    return InvalidTransition(f"Effect {effect.pk} is {effect.status}, not awaiting approval.")
+
+
+def effect_approve(
+    *, effect: Effect, principal: Principal, payload_digest: str, comment: str = ""
+) -> Effect:
+    """Approve exactly the digest the approver read; never the requester, never an agent."""
+    _require_role(principal, APPROVER_ROLES, "approve commands")
+    if effect.command.requested_by_id == principal.pk:
+        raise NotPermitted("The requester of a command cannot approve it.")
+    if payload_digest != effect.command.payload_digest:
+        raise DigestMismatch(
+            f"You approved {payload_digest!r}, but the command's digest is "
+            f"{effect.command.payload_digest}. Re-read the command and approve what it says.",
+            extra={"payload_digest": effect.command.payload_digest},
+        )
+    now = timezone.now()
+    with transaction.atomic():
+        if effect.status != S.AWAITING_APPROVAL or not _transition(
+            effect,
+            to=S.PREPARED,
+            actor=principal.label,
+            principal=principal,
+            kind="approved",
+            reason=comment or "approved",
+            data={"approved_digest": payload_digest},
+            approval_state=ApprovalState.APPROVED,
+            approved_by=principal,
+            approved_digest=payload_digest,
+            approved_at=now,
+            next_dispatch_at=now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER),
+        ):
+            effect.refresh_from_db()
+            raise _not_awaiting_approval(effect)
+        _enqueue_dispatch(effect.pk)
+    return effect
+
+
+def effect_reject(*, effect: Effect, principal: Principal, reason: str = "") -> Effect:
+    _require_role(principal, APPROVER_ROLES, "reject commands")
+    with transaction.atomic():
+        if effect.status != S.AWAITING_APPROVAL or not _transition(
+            effect,
+            to=S.REJECTED,
+            actor=principal.label,
+            principal=principal,
+            kind="rejected",
+            reason=reason or "rejected by approver",
+            approval_state=ApprovalState.REJECTED,
+        ):
+            effect.refresh_from_db()
+            raise _not_awaiting_approval(effect)
+    return effect
+
+
+def effect_set_frozen(
+    *, effect: Effect, principal: Principal, frozen: bool, reason: str = ""
+) -> Effect:
+    """Freeze (nothing is dispatched) or unfreeze an effect; recorded either way."""
+    _require_role(principal, OPERATOR_ROLES, "freeze effects")
+    with transaction.atomic():
+        changed = Effect.objects.filter(pk=effect.pk, frozen=not frozen).update(
+            frozen=frozen, updated_at=timezone.now()
+        )
+        if changed:
+            _event(
+                effect,
+                kind="frozen" if frozen else "unfrozen",
+                actor=principal.label,
+                principal=principal,
+                reason=reason,
+                from_status=effect.status,
+                to_status=effect.status,
+            )
+            effect.frozen = frozen
+            if not frozen and effect.status in DISPATCHABLE:
+                _enqueue_dispatch(effect.pk)
+    return effect
+
+
+# --- dispatch ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    effect_id: str
+    fence: int
+    attempt_id: int
+    attempt_number: int
+
+
+def effect_expire(*, effect: Effect, actor: str) -> bool:
+    """An expired command is never sent: EXPIRED, with the reason."""
+    return _transition(
+        effect,
+        to=S.EXPIRED,
+        actor=actor,
+        reason="the command expired before it was sent",
+        next_dispatch_at=None,
+    )
+
+
+def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
+    """PREPARED/NOT_STARTED → DISPATCHING with a new fence and an attempt row, committed
+    before the provider is called. None when there is nothing to send (another worker got it,
+    it is frozen, expired, or out of attempts)."""
+    now = timezone.now()
+    with transaction.atomic():
+        effect = Effect.objects.select_related("command").filter(pk=effect_id).first()
+        if effect is None or effect.status not in DISPATCHABLE or effect.frozen:
+            return None
+        if effect.command.expires_at <= now:
+            effect_expire(effect=effect, actor=f"worker:{worker}")
+            return None
+        contract = get_contract(effect.type)
+        budget = contract.recovery.max_dispatch_attempts if contract else 1
+        if effect.attempt_count >= budget:
+            if effect.next_dispatch_at is not None:
+                Effect.objects.filter(pk=effect.pk, status=effect.status).update(
+                    next_dispatch_at=None, escalated=True, updated_at=now
+                )
+                _event(
+                    effect,
+                    kind="retry_budget_exhausted",
+                    actor=f"worker:{worker}",
+                    from_status=effect.status,
+                    to_status=effect.status,
+                    reason=f"{effect.attempt_count} attempts, none reached the provider",
+                )
+            return None
+        fence = effect.fence + 1
+        number = effect.attempt_count + 1
+        # Compare-and-set on status and fence against a second worker holding the same
+        # message (a redelivery, or the sweeper's copy): only one of them moves the fence.
+        if not _transition(
+            effect,
+            to=S.DISPATCHING,
+            actor=f"worker:{worker}",
+            kind="claimed",
+            reason=f"attempt {number}",
+            expect_fence=effect.fence,
+            data={"fence": fence},
+            fence=fence,
+            attempt_count=number,
+            next_dispatch_at=None,
+            lease_expires_at=now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
+        ):
+            return None
+        attempt = Attempt.objects.create(
+            effect=effect,
+            number=number,
+            fence=fence,
+            worker=worker,
+            state=AttemptState.SENDING,
+            started_at=now,
+        )
+    return Claim(effect_id=effect_id, fence=fence, attempt_id=attempt.pk, attempt_number=number)
+
+
+def _receipt(
+    effect: Effect, result: CallResult, *, source: str, attempt_id: int | None, now
+) -> Receipt | None:
+    operation = result.operation
+    if operation is None:
+        return None
+    return Receipt.objects.create(
+        effect=effect,
+        attempt_id=attempt_id,
+        source=source,
+        provider=effect.command.provider,
+        provider_operation_id=operation.id,
+        provider_status=operation.status,
+        payload_digest=operation.payload_digest,
+        digest_matches=operation.payload_digest == effect.command.payload_digest,
+        result=operation.result,
+        result_digest=sha256_digest(operation.result),
+        received_at=now,
+    )
+
+
+def outcome_fields(effect: Effect, result: CallResult, *, now) -> dict[str, Any]:
+    """Bookkeeping that goes with the status an outcome leads to."""
+    status = OUTCOME_STATUS[result.outcome]
+    fields: dict[str, Any] = {"lease_expires_at": None, "next_check_at": None}
+    if result.operation is not None:
+        fields["provider_operation_id"] = result.operation.id
+    if result.mismatch:
+        fields["mismatch"] = True
+    if status == S.CONFIRMED:
+        fields["confirmed_at"] = now
+    if status == S.NOT_STARTED:
+        fields["next_dispatch_at"] = now + _backoff(
+            settings.GATEWAY_RETRY_BACKOFF, effect.attempt_count
+        )
+    elif status in (S.UNKNOWN, S.IN_PROGRESS) and not result.mismatch:
+        fields["next_check_at"] = now + _backoff(
+            settings.GATEWAY_RECONCILE_BACKOFF, effect.check_count + 1
+        )
+    return fields
+
+
+def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> Effect | None:
+    """Write a dispatch outcome, only while ``claim`` still holds the effect.
+
+    A stale worker — its lease ran out and recovery made the effect UNKNOWN, or another claim
+    moved the fence — writes nothing but a refusal event and its attempt's end: the current
+    owner of the effect decides, with a lookup, what happened.
+    """
+    now = timezone.now()
+    status = OUTCOME_STATUS[result.outcome]
+    with transaction.atomic():
+        effect = Effect.objects.select_related("command").get(pk=claim.effect_id)
+        attempt_fields = {
+            "outcome": result.outcome,
+            "http_status": result.http_status,
+            "provider_operation_id": result.operation.id if result.operation else "",
+            "error": (result.error or "")[:2000],
+            "finished_at": now,
+        }
+        evidence = {
+            "attempt": claim.attempt_number,
+            "fence": claim.fence,
+            "outcome": str(result.outcome),
+            "http_status": result.http_status,
+            "provider_operation_id": result.operation.id if result.operation else None,
+            "provider_status": result.operation.status if result.operation else None,
+            "mismatch": result.mismatch,
+            "error": (result.error or "")[:500],
+        }
+        if (
+            effect.status != S.DISPATCHING
+            or effect.fence != claim.fence
+            or not _transition(
+                effect,
+                to=status,
+                actor=f"worker:{worker}",
+                kind="dispatched",
+                reason=result.reason,
+                expect_fence=claim.fence,
+                data=evidence,
+                **outcome_fields(effect, result, now=now),
+            )
+        ):
+            Attempt.objects.filter(pk=claim.attempt_id).update(
+                state=AttemptState.STALE, **attempt_fields
+            )
+            effect.refresh_from_db()
+            _event(
+                effect,
+                kind="stale_write_refused",
+                actor=f"worker:{worker}",
+                from_status=effect.status,
+                to_status=effect.status,
+                data=evidence,
+                reason=(
+                    f"worker held fence {claim.fence}, the effect is at fence {effect.fence} "
+                    f"and {effect.status}: its answer ({result.outcome}) is not written"
+                ),
+            )
+            logger.warning(
+                "stale write refused",
+                extra={"effect_id": effect.pk, "fence": claim.fence, "current": effect.fence},
+            )
+            return None
+        Attempt.objects.filter(pk=claim.attempt_id).update(
+            state=AttemptState.FINISHED, **attempt_fields
+        )
+        _receipt(
+            effect, result, source=Receipt.Source.DISPATCH, attempt_id=claim.attempt_id, now=now
+        )
+    return effect
+
+
+def execute_request(effect: Effect, *, timeout: float | None = None) -> ExecuteRequest:
+    command = effect.command
+    return ExecuteRequest(
+        effect_id=effect.pk,
+        type=command.type,
+        idempotency_key=command.provider_key,
+        resource=command.resource,
+        payload=command_payload(command),
+        payload_digest=command.payload_digest,
+        timeout=timeout or settings.GATEWAY_PROVIDER_TIMEOUT,
+    )
+
+
+def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
+    """Claim, send once, record. False when there was nothing to send."""
+    worker = worker or worker_name()
+    claim = effect_claim(effect_id=effect_id, worker=worker)
+    if claim is None:
+        return False
+    effect = Effect.objects.select_related("command").get(pk=effect_id)
+    contract = get_contract(effect.type)
+    assert contract is not None, f"no contract for {effect.type}"
+    adapter = adapter_for(contract)
+    request = execute_request(effect)
+    started = timezone.now()
+    result = adapter.execute(request)
+    if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
+        # The provider answered (a 5xx), so its request handling is over: ask it by key
+        # whether it committed before deciding anything (query first, never a blind retry).
+        result = _settle_by_lookup(adapter, request, contract, result)
+    _observe_dispatch(effect.type, result, (timezone.now() - started).total_seconds())
+    effect_record_outcome(claim=claim, result=result, worker=worker)
+    return True
+
+
+def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallResult) -> CallResult:
+    from gateway.providers.base import LookupStatus
+    from gateway.providers.http import classify_operation
+
+    lookup = adapter.lookup(idempotency_key=request.idempotency_key, timeout=request.timeout)
+    if lookup.status == LookupStatus.NOT_FOUND:
+        return CallResult(
+            Outcome.NOT_STARTED,
+            f"{first.reason}; the provider's lookup by key finds no operation",
+            http_status=first.http_status,
+            error=first.error,
+        )
+    if lookup.status == LookupStatus.FOUND and lookup.operation is not None:
+        found = classify_operation(
+            lookup.operation,
+            expected_digest=request.payload_digest,
+            completion_statuses=contract.completion_statuses,
+            http_status=first.http_status,
+        )
+        return CallResult(
+            found.outcome,
+            f"{first.reason}; lookup: {found.reason}",
+            operation=found.operation,
+            http_status=first.http_status,
+            error=first.error,
+            mismatch=found.mismatch,
+        )
+    return first
+
+
+def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> None:
+    from gateway.metrics import DISPATCH_SECONDS
+
+    DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
+
+
+def dispatch_sweep(*, limit: int = 500) -> int:
+    """Re-enqueue PREPARED/NOT_STARTED effects whose task has gone quiet, and expire the ones
+    whose command ran out. The broker can lose a message; the ledger cannot."""
+    from gateway.tasks import dispatch_effect
+
+    now = timezone.now()
+    expired = 0
+    for effect in Effect.objects.select_related("command").filter(
+        status__in=BEFORE_DISPATCH, command__expires_at__lte=now
+    )[:limit]:
+        with transaction.atomic():
+            expired += effect_expire(effect=effect, actor="sweeper")
+    due = list(
+        Effect.objects.filter(status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False)
+        .order_by("next_dispatch_at")
+        .values_list("pk", "next_dispatch_at")[:limit]
+    )
+    sent = 0
+    later = now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
+    for effect_id, was_due in due:
+        # Compare-and-set on the due time: two beat processes (a misconfiguration) would
+        # otherwise both enqueue; even then the claim lets only one message send.
+        if Effect.objects.filter(pk=effect_id, next_dispatch_at=was_due).update(
+            next_dispatch_at=later
+        ):
+            dispatch_effect.delay(effect_id)
+            sent += 1
+    return sent + expired

@@ -1,0 +1,276 @@
+"""Settings for the Effect Gateway, all from environment variables (SPEC §2).
+
+The defaults run on one machine with nothing else installed: a SQLite file and Celery's
+filesystem broker under ``var/``. Production and CI set ``DATABASE_URL`` (PostgreSQL) and
+``CELERY_BROKER_URL`` (Redis).
+"""
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("GATEWAY_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
+
+
+def env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be positive")
+    return value
+
+
+def env_int(name: str, default: int) -> int:
+    value = env_number(name, default)
+    if value != int(value):
+        raise ImproperlyConfigured(f"{name} must be a whole number")
+    return int(value)
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+_DEV_SECRET = "dev-only-insecure-secret-key-never-use-in-production"
+SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
+if SECRET_KEY == _DEV_SECRET and not DEBUG and env_bool("GATEWAY_PRODUCTION", False):
+    raise ImproperlyConfigured("SECRET_KEY must be set in production")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "gateway",
+    "reconciliation",
+    "sagas",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "gateway.urls"
+WSGI_APPLICATION = "gateway.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- The ledger database -------------------------------------------------------------------
+_DEFAULT_SQLITE = f"sqlite:///{VAR_DIR / 'gateway.sqlite3'}"
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", _DEFAULT_SQLITE), conn_max_age=60, conn_health_checks=True
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Web, worker and beat share the file: WAL lets readers run beside the one writer,
+    # IMMEDIATE takes the write lock at BEGIN so two writers queue instead of deadlocking.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+    # Tests on SQLite use a file, so that worker processes started by a test see its rows.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_gateway.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+LOGIN_URL = "console:login"
+LOGIN_REDIRECT_URL = "console:triage"
+LOGOUT_REDIRECT_URL = "console:login"
+
+# --- Security --------------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# A command body is small; anything larger is a mistake or an attack.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GATEWAY_MAX_BODY_BYTES", 64 * 1024)
+
+# --- REST framework ------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "gateway.api.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "gateway.api.problems.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["gateway.api.auth.TokenRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"token": env_str("GATEWAY_TOKEN_RATE", "6000/min")},
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Effect Gateway API",
+    "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI served from the package, not a CDN: the docs work on a closed network.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Celery ------------------------------------------------------------------------------------
+_BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("out", "processed"):
+        (_BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_BROKER_DIR / "out"),
+        "data_folder_out": str(_BROKER_DIR / "out"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+else:
+    # Redis redelivers an unacknowledged message after this long. It must exceed the longest
+    # task; a redelivery is harmless anyway (the claim is compare-and-set).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- The gateway ---------------------------------------------------------------------------
+GATEWAY_SANDBOX_URL = env_str("GATEWAY_SANDBOX_URL", "http://127.0.0.1:8765")
+_PROVIDERS = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
+_default_provider_urls = {name: f"{GATEWAY_SANDBOX_URL}/{name}" for name in _PROVIDERS}
+try:
+    GATEWAY_PROVIDER_URLS: dict[str, str] = {
+        **_default_provider_urls,
+        **json.loads(os.environ.get("GATEWAY_PROVIDER_URLS", "{}")),
+    }
+except json.JSONDecodeError as exc:
+    raise ImproperlyConfigured(f"GATEWAY_PROVIDER_URLS is not a JSON object: {exc}") from None
+GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
+GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
+GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)
+# How long a PREPARED/NOT_STARTED effect may wait for its task before the sweeper enqueues
+# it again (the broker may have lost the message), and how often the sweeper looks.
+GATEWAY_REDELIVER_AFTER = env_number("GATEWAY_REDELIVER_AFTER", 30)
+GATEWAY_SWEEP_INTERVAL = env_number("GATEWAY_SWEEP_INTERVAL", 5)
+# Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
+GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
+GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
+# First wait before an UNKNOWN / IN_PROGRESS effect is looked up; doubles per lookup.
+GATEWAY_RECONCILE_BACKOFF = env_number("GATEWAY_RECONCILE_BACKOFF", 5)
+GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
+GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")
+
+CELERY_BEAT_SCHEDULE = {
+    "sweep-dispatch": {
+        "task": "gateway.tasks.sweep_dispatch",
+        "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),
+    },
+    "reconcile": {
+        "task": "reconciliation.tasks.reconcile_due",
+        "schedule": timedelta(seconds=GATEWAY_RECONCILE_INTERVAL),
+    },
+}
+
+# --- Logging: one JSON object a line, never a payload ---------------------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

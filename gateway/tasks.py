@@ -1,0 +1,16 @@
+"""Thin Celery tasks: load by id, call one service (STYLE 10). A redelivered message is a
+no-op because every service starts with a compare-and-set."""
+
+from celery import shared_task
+
+from gateway import services
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def dispatch_effect(effect_id: str) -> bool:
+    return services.effect_dispatch(effect_id=effect_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_dispatch() -> int:
+    return services.dispatch_sweep()

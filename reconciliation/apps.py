@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class ReconciliationConfig(AppConfig):
+    """Query-first recovery of uncertain effects, and the human queue."""
+
+    name = "reconciliation"
+    default_auto_field = "django.db.models.BigAutoField"
