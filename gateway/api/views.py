@@ -34,7 +34,7 @@ from gateway.models import Effect
 class NewestFirst(CursorPagination):
     """Cursor pagination on the time-ordered primary key: constant cost at any depth."""
 
-    ordering = "-command"
+    ordering = "-command_id"
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 500

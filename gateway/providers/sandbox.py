@@ -1,0 +1,982 @@
+"""The bundled sandbox provider: a fake external provider that speaks SPEC §6.
+
+It stands in for the payment, inventory, shipping, deployment, ticketing and mail APIs in
+``make demo`` and in every integration test, and its operation log is the oracle for
+exactly-once: a test compares what the sandbox committed with what the gateway's ledger
+says happened. So every request is decided and logged under one lock, and a fault never
+commits "a bit": an operation is either in the log once or not at all.
+
+Standard library only (plus the digest helper), no Django: the module runs without
+settings, in-process (:class:`SandboxServer` on port 0) or as
+``manage.py run_sandbox_provider``.
+
+Routes (``{p}`` is an optional single path segment naming the provider, ``default`` when
+absent; the gateway gives each provider its own base URL such as ``http://host:port/billing``):
+
+- ``POST /{p}/operations``, ``GET /{p}/operations?idempotency_key=K``,
+  ``GET /{p}/operations/{id}``: the provider protocol.
+- ``/_health``, ``/_faults`` (GET, POST, DELETE), ``/_resources`` (GET, POST),
+  ``/_operations``, ``/_log``, ``POST /_reset``: test controls. They also answer under a
+  provider prefix (SPEC says ``{base}/_faults``); there the prefix is the default
+  ``provider`` of a new fault or resource version and filters ``_operations`` and
+  ``_log``. Listing, clearing faults and reset stay global.
+
+Fault semantics, decided here where the contract is silent:
+
+- Faults only match well-formed protocol requests (a 400 never consumes a rule). Each rule
+  has ``times`` (``None``: until cleared) and optional ``type``/``provider`` filters; the
+  oldest matching rule of each fault name applies, and ``times`` counts the requests it
+  actually changed.
+- ``fail_before_commit`` is decided first: 503 and nothing else happens for that request.
+- ``commit_then_drop`` and ``slow`` are transport faults: they apply to every POST
+  (a new commit, a replay or a refusal) after it has been decided and logged.
+- ``processing``, ``digest_mismatch``, ``fail`` and ``reject`` shape a *new* operation, so
+  they only apply to a request that would commit (a new key whose version check passed);
+  ``reject`` then answers its 4xx instead of committing.
+- ``lookup_unreachable`` applies to ``GET`` lookups, by key or id; its ``type`` filter
+  matches the type of the operation looked up.
+- A ``processing`` operation answers ``processing`` to its next ``lookups`` lookups and
+  ``succeeded`` from the one after; replays and ``/_operations`` do not count as lookups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from gateway.lib.digest import payload_digest
+from gateway.lib.ids import new_id
+
+DEFAULT_PROVIDER = "default"
+
+SUCCEEDED = "succeeded"
+PROCESSING = "processing"
+FAILED = "failed"
+
+# Fault name -> the parameters it accepts (with their defaults). Unknown names or parameters
+# are refused loudly: a typo in a test's fault set-up must not silently test nothing.
+FAULT_PARAMS: dict[str, dict[str, Any]] = {
+    "commit_then_drop": {},
+    "fail_before_commit": {},
+    "slow": {"seconds": 15.0},
+    "processing": {"lookups": 2},
+    "digest_mismatch": {"digest": None},
+    "lookup_unreachable": {},
+    "reject": {"status": 400, "error": "business_rejected"},
+    "fail": {"error": "operation_failed"},
+}
+FAULTS = frozenset(FAULT_PARAMS)
+_LOOKUP_FAULTS = frozenset({"lookup_unreachable"})
+_MISMATCHED_DIGEST = "sha256:" + "f" * 64
+
+_FILE_FORMAT = 1
+
+
+class BadRequest(ValueError):
+    """A request (or a fault set-up) the sandbox refuses with ``400 bad_request``."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the HTTP layer must do for one request, decided under the provider's lock."""
+
+    status: int
+    body: dict[str, Any] | None
+    drop: bool = False  # close the connection without sending a byte
+    delay: float = 0.0  # seconds to wait before answering
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadRequest(f"{name} is not JSON")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON: UTF-8, no NaN/Infinity (they have no canonical form)."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+
+
+def _short(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def _result_for(type: str, resource: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """A small, realistic provider result for each shipped effect type."""
+    rid = resource.get("id")
+    get = payload.get
+    if type == "billing.charge.create":
+        return {
+            "charge_id": _short("ch"),
+            "amount": get("amount"),
+            "currency": get("currency"),
+            "state": "captured",
+        }
+    if type == "billing.refund.create":
+        return {
+            "refund_id": _short("re"),
+            "charge_id": get("charge_id"),
+            "amount": get("amount"),
+            "currency": get("currency"),
+            "state": "accepted",
+        }
+    if type == "inventory.reservation.create":
+        return {
+            "reservation_id": _short("rsv"),
+            "items": get("items", [{"sku": get("sku"), "quantity": get("quantity")}]),
+            "state": "reserved",
+        }
+    if type == "inventory.reservation.release":
+        return {"reservation_id": get("reservation_id", rid), "state": "released"}
+    if type == "shipment.create":
+        return {
+            "shipment_id": _short("shp"),
+            "carrier": get("carrier", "sandbox-post"),
+            "tracking_number": "SBX" + secrets.token_hex(6).upper(),
+            "state": "label_created",
+        }
+    if type == "shipment.cancel":
+        return {"shipment_id": get("shipment_id", rid), "state": "cancelled"}
+    if type == "deployment.release.promote":
+        return {
+            "deployment_id": _short("dep"),
+            "environment": get("environment"),
+            "revision": get("revision"),
+            "previous_revision": get("expected_revision"),
+            "state": "live",
+        }
+    if type == "deployment.release.rollback":
+        return {
+            "deployment_id": _short("dep"),
+            "environment": get("environment"),
+            "revision": get("revision", get("to_revision")),
+            "state": "rolled_back",
+        }
+    if type == "ticket.create":
+        number = secrets.randbelow(90000) + 10000
+        return {
+            "ticket_id": f"TCK-{number}",
+            "url": f"https://tickets.sandbox.invalid/TCK-{number}",
+            "state": "open",
+        }
+    if type == "ticket.close":
+        return {"ticket_id": get("ticket_id", rid), "state": "closed"}
+    if type == "email.message.send":
+        return {"message_id": f"<{secrets.token_hex(12)}@sandbox.invalid>", "state": "sent"}
+    if type == "sandbox.verify":
+        return {"verified": True, "checks": get("checks", ["health"]), "target": rid}
+    return {"reference": _short("ref"), "state": "accepted"}
+
+
+def _public(op: dict[str, Any]) -> dict[str, Any]:
+    """The operation as the protocol returns it (no provider-internal fields)."""
+    keys = (
+        "id",
+        "status",
+        "payload_digest",
+        "result",
+        "idempotency_key",
+        "type",
+        "resource",
+        "created_at",
+    )
+    return {k: copy.deepcopy(op[k]) for k in keys}
+
+
+def _oracle(op: dict[str, Any]) -> dict[str, Any]:
+    """The operation as tests see it: the public view plus provider, payload, sent digest."""
+    view = _public(op)
+    view["provider"] = op["provider"]
+    view["payload"] = copy.deepcopy(op["payload"])
+    view["sent_payload_digest"] = op["sent_payload_digest"]
+    return view
+
+
+class SandboxProvider:
+    """All sandbox state and logic, thread-safe, without HTTP.
+
+    One lock guards everything: a request is validated, matched against faults, decided,
+    committed, logged and persisted while holding it, so twenty threads racing on one key
+    see exactly one commit and nineteen replays, in a log whose order is the commit order.
+    """
+
+    def __init__(self, data_file: Path | str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._data_file = Path(data_file) if data_file is not None else None
+        self._ops: list[dict[str, Any]] = []
+        self._by_key: dict[tuple[str, str], dict[str, Any]] = {}
+        self._by_id: dict[str, dict[str, Any]] = {}
+        self._log: list[dict[str, Any]] = []
+        self._faults: list[dict[str, Any]] = []
+        self._fault_seq = 0
+        # (provider or None, resource type, resource id) -> current version; None = any provider.
+        self._resources: dict[tuple[str | None, str, str], Any] = {}
+        if self._data_file is not None and self._data_file.exists():
+            self._load(self._data_file)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def operations(
+        self,
+        *,
+        provider: str | None = None,
+        idempotency_key: str | None = None,
+        type: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Committed operations in commit order (copies), each with its provider and payload."""
+        with self._lock:
+            return [
+                _oracle(op)
+                for op in self._ops
+                if (provider is None or op["provider"] == provider)
+                and (idempotency_key is None or op["idempotency_key"] == idempotency_key)
+                and (type is None or op["type"] == type)
+            ]
+
+    def log(self, *, provider: str | None = None) -> list[dict[str, Any]]:
+        """Every protocol request handled, in order (copies)."""
+        with self._lock:
+            return [
+                dict(entry)
+                for entry in self._log
+                if provider is None or entry["provider"] == provider
+            ]
+
+    def faults(self) -> list[dict[str, Any]]:
+        """The active fault rules, oldest first (copies)."""
+        with self._lock:
+            return copy.deepcopy(self._faults)
+
+    def resources(self) -> list[dict[str, Any]]:
+        """The resource versions set with :meth:`set_resource_version`."""
+        with self._lock:
+            return [
+                {"provider": p, "type": t, "id": i, "version": v}
+                for (p, t, i), v in self._resources.items()
+            ]
+
+    # -- controls ------------------------------------------------------------------------
+
+    def add_fault(
+        self,
+        fault: str,
+        /,
+        *,
+        times: int | None = 1,
+        type: str | None = None,
+        provider: str | None = None,
+        **params: Any,
+    ) -> dict[str, Any]:
+        """Add a fault rule; raises :class:`BadRequest` for an unknown fault or parameter."""
+        if fault not in FAULTS:
+            raise BadRequest(f"unknown fault {fault!r}; known: {', '.join(sorted(FAULTS))}")
+        if times is not None and (isinstance(times, bool) or not isinstance(times, int)):
+            raise BadRequest("times must be a positive integer or null")
+        if times is not None and times < 1:
+            raise BadRequest("times must be a positive integer or null")
+        for name, value in (("type", type), ("provider", provider)):
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"{name} must be a string or null")
+        unknown = set(params) - set(FAULT_PARAMS[fault])
+        if unknown:
+            raise BadRequest(f"fault {fault!r} takes no parameter {', '.join(sorted(unknown))}")
+        merged = {**FAULT_PARAMS[fault], **params}
+        _check_params(fault, merged)
+        with self._lock:
+            self._fault_seq += 1
+            rule = {
+                "id": self._fault_seq,
+                "fault": fault,
+                "times": times,
+                "type": type,
+                "provider": provider,
+                "params": merged,
+                "applied": 0,
+            }
+            self._faults.append(rule)
+            return copy.deepcopy(rule)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def set_resource_version(
+        self, *, provider: str | None, type: str, id: str | int, version: Any
+    ) -> None:
+        """Make ``version`` the current one; ``provider=None`` means for every provider."""
+        if not isinstance(type, str) or not type or id is None or version is None:
+            raise BadRequest("type, id and version are required")
+        with self._lock:
+            self._resources[(provider, type, str(id))] = version
+            self._persist()
+
+    def reset(self) -> None:
+        """Forget operations, log, faults and resource versions."""
+        with self._lock:
+            self._ops.clear()
+            self._by_key.clear()
+            self._by_id.clear()
+            self._log.clear()
+            self._faults.clear()
+            self._resources.clear()
+            self._persist()
+
+    # -- the protocol --------------------------------------------------------------------
+
+    def handle_create(self, *, provider: str, idempotency_key: str | None, body: bytes) -> Reply:
+        """``POST /{provider}/operations``."""
+        if not idempotency_key:
+            with self._lock:
+                self._append_log(provider, "bad_request", status=400)
+                self._persist()
+            return Reply(400, {"error": "missing_idempotency_key"})
+        try:
+            request = _parse_operation(body)
+        except BadRequest as exc:
+            with self._lock:
+                self._append_log(provider, "bad_request", key=idempotency_key, status=400)
+                self._persist()
+            return Reply(400, {"error": "bad_request", "detail": str(exc)})
+
+        type_, body_digest = request["type"], request["body_digest"]
+        with self._lock:
+            faults = self._matching_faults(provider, type_, lookup=False)
+            applied: list[str] = []
+
+            if "fail_before_commit" in faults:
+                self._consume(faults["fail_before_commit"], applied)
+                self._append_log(
+                    provider, "fault", key=idempotency_key, type=type_, faults=applied, status=503
+                )
+                self._persist()
+                return Reply(503, {"error": "unavailable"})
+
+            existing = self._by_key.get((provider, idempotency_key))
+            op_id: str | None = None
+            headers: dict[str, str] = {}
+            if existing is not None:
+                op_id = existing["id"]
+                if existing["body_digest"] == body_digest:
+                    action, status = "replay", 200
+                    answer: dict[str, Any] = _public(existing)
+                    headers["Idempotent-Replayed"] = "true"
+                else:
+                    action, status = "key_reused", 422
+                    answer = {"error": "idempotency_key_reused", "operation_id": op_id}
+            elif (current := self._conflicting_version(provider, request["resource"])) is not None:
+                action, status = "conflict", 409
+                answer = {"error": "version_conflict", "current_version": current}
+            elif "reject" in faults:
+                params = self._consume(faults["reject"], applied)
+                action, status = "reject", int(params["status"])
+                answer = {"error": params["error"]}
+            else:
+                op = self._commit(
+                    provider=provider,
+                    idempotency_key=idempotency_key,
+                    request=request,
+                    faults=faults,
+                    applied=applied,
+                )
+                op_id, action, status = op["id"], "commit", 201
+                answer = _public(op)
+
+            drop, delay = False, 0.0
+            if "commit_then_drop" in faults:
+                self._consume(faults["commit_then_drop"], applied)
+                drop = True
+            elif "slow" in faults:
+                delay = float(self._consume(faults["slow"], applied)["seconds"])
+            self._append_log(
+                provider,
+                action,
+                key=idempotency_key,
+                op_id=op_id,
+                type=type_,
+                faults=applied,
+                status=None if drop else status,
+            )
+            self._persist()
+        return Reply(status, answer, drop=drop, delay=delay, headers=headers)
+
+    def handle_lookup(
+        self,
+        *,
+        provider: str,
+        idempotency_key: str | None = None,
+        operation_id: str | None = None,
+    ) -> Reply:
+        """``GET /{provider}/operations?idempotency_key=K`` or ``.../operations/{id}``."""
+        if not idempotency_key and not operation_id:
+            with self._lock:
+                self._append_log(provider, "bad_request", status=400)
+                self._persist()
+            return Reply(
+                400, {"error": "bad_request", "detail": "idempotency_key query parameter required"}
+            )
+        with self._lock:
+            if operation_id:
+                op = self._by_id.get(operation_id)
+                if op is not None and op["provider"] != provider:
+                    op = None  # another provider's operation does not exist here
+            else:
+                op = self._by_key.get((provider, str(idempotency_key)))
+            key = op["idempotency_key"] if op is not None else idempotency_key
+            op_type = op["type"] if op is not None else None
+            faults = self._matching_faults(provider, op_type, lookup=True)
+            applied: list[str] = []
+            if "lookup_unreachable" in faults:
+                self._consume(faults["lookup_unreachable"], applied)
+                self._append_log(
+                    provider,
+                    "fault",
+                    key=key,
+                    op_id=op["id"] if op is not None else operation_id,
+                    type=op_type,
+                    faults=applied,
+                    status=None,
+                )
+                self._persist()
+                return Reply(0, None, drop=True)
+            if op is None:
+                self._append_log(provider, "lookup_miss", key=key, op_id=operation_id, status=404)
+                self._persist()
+                return Reply(404, {"error": "not_found"})
+            if op["status"] == PROCESSING:
+                if op["lookups_remaining"] > 0:
+                    op["lookups_remaining"] -= 1
+                else:
+                    op["status"] = SUCCEEDED
+            self._append_log(provider, "lookup", key=key, op_id=op["id"], type=op_type, status=200)
+            self._persist()
+            return Reply(200, _public(op))
+
+    # -- internals (call with the lock held) ---------------------------------------------
+
+    def _commit(
+        self,
+        *,
+        provider: str,
+        idempotency_key: str,
+        request: dict[str, Any],
+        faults: dict[str, dict[str, Any]],
+        applied: list[str],
+    ) -> dict[str, Any]:
+        type_, resource, payload = request["type"], request["resource"], request["payload"]
+        status, lookups_remaining = SUCCEEDED, 0
+        result = _result_for(type_, resource, payload)
+        recorded_digest = request["payload_digest"]
+        if "fail" in faults:
+            params = self._consume(faults["fail"], applied)
+            status = FAILED
+            result = {"error": params["error"], "detail": "the operation failed at the provider"}
+        elif "processing" in faults:
+            params = self._consume(faults["processing"], applied)
+            status, lookups_remaining = PROCESSING, int(params["lookups"])
+        if "digest_mismatch" in faults:
+            params = self._consume(faults["digest_mismatch"], applied)
+            recorded_digest = params["digest"] or _MISMATCHED_DIGEST
+            if recorded_digest == request["payload_digest"]:
+                recorded_digest = "sha256:" + "0" * 64
+        op = {
+            "id": new_id("op"),
+            "status": status,
+            "payload_digest": recorded_digest,
+            "result": result,
+            "idempotency_key": idempotency_key,
+            "type": type_,
+            "resource": resource,
+            "created_at": _now(),
+            "provider": provider,
+            "payload": payload,
+            "sent_payload_digest": request["payload_digest"],
+            "body_digest": request["body_digest"],
+            "lookups_remaining": lookups_remaining,
+        }
+        self._index(op)
+        return op
+
+    def _index(self, op: dict[str, Any]) -> None:
+        self._ops.append(op)
+        self._by_key[(op["provider"], op["idempotency_key"])] = op
+        self._by_id[op["id"]] = op
+
+    def _conflicting_version(self, provider: str, resource: dict[str, Any]) -> Any:
+        """The known current version when the request names another one, else None.
+
+        A version set for this provider wins over one set for every provider (``None``).
+        """
+        if "version" not in resource or "type" not in resource or "id" not in resource:
+            return None
+        for scope in (provider, None):
+            current = self._resources.get((scope, str(resource["type"]), str(resource["id"])))
+            if current is not None:
+                return current if current != resource["version"] else None
+        return None
+
+    def _matching_faults(
+        self, provider: str, type: str | None, *, lookup: bool
+    ) -> dict[str, dict[str, Any]]:
+        """The oldest active rule per fault name that matches this request."""
+        found: dict[str, dict[str, Any]] = {}
+        for rule in self._faults:
+            if (rule["fault"] in _LOOKUP_FAULTS) != lookup or rule["fault"] in found:
+                continue
+            if rule["provider"] is not None and rule["provider"] != provider:
+                continue
+            if rule["type"] is not None and rule["type"] != type:
+                continue
+            found[rule["fault"]] = rule
+        return found
+
+    def _consume(self, rule: dict[str, Any], applied: list[str]) -> dict[str, Any]:
+        """Count one application of ``rule``; it disappears when its ``times`` run out."""
+        rule["applied"] += 1
+        applied.append(rule["fault"])
+        if rule["times"] is not None:
+            rule["times"] -= 1
+            if rule["times"] <= 0:
+                self._faults.remove(rule)
+        return dict(rule["params"])
+
+    def _append_log(
+        self,
+        provider: str,
+        action: str,
+        *,
+        key: str | None = None,
+        op_id: str | None = None,
+        type: str | None = None,
+        faults: list[str] | None = None,
+        status: int | None,
+    ) -> None:
+        self._log.append(
+            {
+                "seq": (self._log[-1]["seq"] + 1) if self._log else 1,
+                "at": _now(),
+                "provider": provider,
+                "action": action,
+                "idempotency_key": key,
+                "operation_id": op_id,
+                "type": type,
+                "fault": "+".join(faults) if faults else None,
+                "status": status,
+            }
+        )
+
+    def _persist(self) -> None:
+        """Write the whole state atomically: a crash leaves the old file or the new one."""
+        if self._data_file is None:
+            return
+        state = {
+            "format": _FILE_FORMAT,
+            "operations": self._ops,
+            "log": self._log,
+            "resources": [
+                {"provider": p, "type": t, "id": i, "version": v}
+                for (p, t, i), v in self._resources.items()
+            ],
+        }
+        directory = self._data_file.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self._data_file.name}.", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self._data_file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _load(self, path: Path) -> None:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if state.get("format") != _FILE_FORMAT:
+            raise ValueError(f"{path}: not a sandbox provider data file")
+        for op in state["operations"]:
+            self._index(op)
+        self._log.extend(state["log"])
+        for item in state.get("resources", []):
+            self._resources[(item["provider"], item["type"], item["id"])] = item["version"]
+
+
+def _check_params(fault: str, params: dict[str, Any]) -> None:
+    def number(name: str, *, integer: bool = False) -> None:
+        value = params[name]
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+            raise BadRequest(f"{fault}.{name} must be a non-negative number")
+
+    if fault == "slow":
+        number("seconds")
+    elif fault == "processing":
+        number("lookups", integer=True)
+    elif fault == "reject":
+        status = params["status"]
+        if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 499:
+            raise BadRequest("reject.status must be a 4xx status code")
+        if not isinstance(params["error"], str):
+            raise BadRequest("reject.error must be a string")
+    elif fault == "fail":
+        if not isinstance(params["error"], str):
+            raise BadRequest("fail.error must be a string")
+    elif fault == "digest_mismatch":
+        digest = params["digest"]
+        if digest is not None and not isinstance(digest, str):
+            raise BadRequest("digest_mismatch.digest must be a string")
+
+
+def _parse_operation(body: bytes) -> dict[str, Any]:
+    data = parse_json(body)
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    missing = [k for k in ("type", "resource", "payload", "payload_digest") if k not in data]
+    if missing:
+        raise BadRequest(f"missing fields: {', '.join(missing)}")
+    if not isinstance(data["type"], str) or not data["type"]:
+        raise BadRequest("type must be a non-empty string")
+    if not isinstance(data["resource"], dict):
+        raise BadRequest("resource must be an object")
+    if not isinstance(data["payload"], dict):
+        raise BadRequest("payload must be an object")
+    if not isinstance(data["payload_digest"], str):
+        raise BadRequest("payload_digest must be a string")
+    try:
+        # Replays are recognised by the canonical body, not by the digest the client sent:
+        # the sandbox must catch a client whose digest and body disagree.
+        body_digest = payload_digest(
+            type=data["type"], resource=data["resource"], payload=data["payload"]
+        )
+    except ValueError as exc:  # rfc8785: numbers outside the JSON-safe domain
+        raise BadRequest(str(exc)) from exc
+    return {
+        "type": data["type"],
+        "resource": data["resource"],
+        "payload": data["payload"],
+        "payload_digest": data["payload_digest"],
+        "body_digest": body_digest,
+    }
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    # socketserver's default backlog is 5: a burst of concurrent clients (twenty threads on
+    # one key, a worker pool) would see SYNs dropped and stall a second in connect().
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], provider: SandboxProvider, verbose: bool) -> None:
+        self.provider = provider
+        self.verbose = verbose
+        self.stopping = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def track(self, connection: socket.socket, *, open: bool) -> None:
+        with self._connections_lock:
+            if open:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def close_connections(self) -> None:
+        """Cut kept-alive connections, so a stopped sandbox really stops answering."""
+        with self._connections_lock:
+            connections = list(self._connections)
+            self._connections.clear()
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if self.verbose:
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "EffectGatewaySandbox/1"
+    disable_nagle_algorithm = True  # headers and body are two writes; no 40 ms stalls
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, open=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, open=False)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            sys.stderr.write(f"sandbox {self.address_string()} {format % args}\n")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            body = self._read_body()
+        except BadRequest as exc:
+            self.close_connection = True
+            self._send(Reply(400, {"error": "bad_request", "detail": str(exc)}))
+            return
+        url = urlsplit(self.path)
+        segments = [unquote(s) for s in url.path.split("/") if s]
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        prefix: str | None = None
+        if (
+            len(segments) >= 2
+            and not segments[0].startswith("_")
+            and (segments[1] == "operations" or segments[1].startswith("_"))
+        ):
+            prefix, segments = segments[0], segments[1:]
+        try:
+            reply = self._route(method, prefix, segments, query, body)
+        except BadRequest as exc:
+            reply = Reply(400, {"error": "bad_request", "detail": str(exc)})
+        except Exception as exc:
+            # A bug must not pass for a fault: a silently dropped connection would look like
+            # commit_then_drop to the gateway. Answer 500 and say so on stderr.
+            traceback.print_exc()
+            reply = Reply(500, {"error": "internal_error", "detail": repr(exc)})
+        self._send(reply)
+
+    def _route(
+        self,
+        method: str,
+        prefix: str | None,
+        segments: list[str],
+        query: dict[str, str],
+        body: bytes,
+    ) -> Reply:
+        provider = self.server.provider
+        name = prefix or DEFAULT_PROVIDER
+        route = segments[0] if segments else ""
+        allowed: tuple[str, ...]
+        if route == "operations" and len(segments) == 1:
+            allowed = ("GET", "POST")
+            if method == "POST":
+                key = self.headers.get("Idempotency-Key")
+                return provider.handle_create(provider=name, idempotency_key=key, body=body)
+            if method == "GET":
+                return provider.handle_lookup(
+                    provider=name, idempotency_key=query.get("idempotency_key")
+                )
+        elif route == "operations" and len(segments) == 2:
+            allowed = ("GET",)
+            if method == "GET":
+                return provider.handle_lookup(provider=name, operation_id=segments[1])
+        elif route == "_health" and len(segments) == 1:
+            allowed = ("GET",)
+            if method == "GET":
+                return Reply(200, {"ok": True})
+        elif route == "_faults" and len(segments) == 1:
+            allowed = ("GET", "POST", "DELETE")
+            if method == "GET":
+                return Reply(200, {"faults": provider.faults()})
+            if method == "DELETE":
+                provider.clear_faults()
+                return Reply(200, {"faults": []})
+            if method == "POST":
+                spec = _json_object(body)
+                fault = spec.pop("fault", None)
+                if not isinstance(fault, str):
+                    raise BadRequest("fault is required")
+                spec.setdefault("provider", prefix)
+                spec.setdefault("times", 1)
+                return Reply(201, provider.add_fault(fault, **spec))
+        elif route == "_resources" and len(segments) == 1:
+            allowed = ("GET", "POST")
+            if method == "GET":
+                return Reply(200, {"resources": provider.resources()})
+            if method == "POST":
+                spec = _json_object(body)
+                spec.setdefault("provider", prefix)
+                unknown = set(spec) - {"provider", "type", "id", "version"}
+                if unknown:
+                    raise BadRequest(f"unknown fields: {', '.join(sorted(unknown))}")
+                if not isinstance(spec.get("type"), str) or not isinstance(
+                    spec.get("id"), str | int
+                ):
+                    raise BadRequest("type (a string) and id are required")
+                if spec["provider"] is not None and not isinstance(spec["provider"], str):
+                    raise BadRequest("provider must be a string or null")
+                provider.set_resource_version(
+                    provider=spec["provider"],
+                    type=spec["type"],
+                    id=spec["id"],
+                    version=spec.get("version"),
+                )
+                return Reply(200, {k: spec.get(k) for k in ("provider", "type", "id", "version")})
+        elif route == "_operations" and len(segments) == 1:
+            allowed = ("GET",)
+            if method == "GET":
+                ops = provider.operations(
+                    provider=prefix or query.get("provider"),
+                    idempotency_key=query.get("idempotency_key"),
+                    type=query.get("type"),
+                )
+                return Reply(200, {"operations": ops})
+        elif route == "_log" and len(segments) == 1:
+            allowed = ("GET",)
+            if method == "GET":
+                return Reply(200, {"log": provider.log(provider=prefix or query.get("provider"))})
+        elif route == "_reset" and len(segments) == 1:
+            allowed = ("POST",)
+            if method == "POST":
+                provider.reset()
+                return Reply(200, {"ok": True})
+        else:
+            return Reply(404, {"error": "not_found"})
+        return Reply(405, {"error": "method_not_allowed"}, headers={"Allow": ", ".join(allowed)})
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raise BadRequest("chunked request bodies are not supported; send Content-Length")
+        length = self.headers.get("Content-Length")
+        if not length:
+            return b""
+        try:
+            size = int(length)
+        except ValueError as exc:
+            raise BadRequest("bad Content-Length") from exc
+        if size < 0:
+            raise BadRequest("bad Content-Length")
+        return self.rfile.read(size)
+
+    def _send(self, reply: Reply) -> None:
+        if reply.drop:
+            # Drop without a byte: the client cannot tell whether we committed (SPEC §4 UNKNOWN).
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if reply.delay and self.server.stopping.wait(reply.delay):
+            self.close_connection = True
+            return  # stopped while "slow": the answer never leaves
+        data = json.dumps(reply.body).encode("utf-8")
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            # The client gave up (e.g. its timeout fired during a slow answer).
+            self.close_connection = True
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    data = parse_json(body or b"{}")
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data
+
+
+class SandboxServer:
+    """A threading HTTP server around a :class:`SandboxProvider`.
+
+    The socket is bound in the constructor (``port=0`` picks a free port), so :attr:`url`
+    is known before :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        provider: SandboxProvider | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        verbose: bool = False,
+    ) -> None:
+        self.provider = provider if provider is not None else SandboxProvider()
+        self._httpd = _HTTPServer((host, port), self.provider, verbose)
+        bound_host, bound_port = self._httpd.server_address[:2]
+        self.host = str(bound_host)
+        self.port = int(bound_port)
+        self.url = f"http://{self.host}:{self.port}"
+        self._thread: threading.Thread | None = None
+        self._serving = False
+        self._closed = False
+
+    def base_url(self, provider_name: str) -> str:
+        return f"{self.url}/{provider_name}"
+
+    def start(self) -> SandboxServer:
+        """Serve in a daemon thread; returns self."""
+        if self._thread is None:
+            self._serving = True
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=f"sandbox-provider-{self.port}",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until :meth:`stop` (from another thread)."""
+        self._serving = True
+        try:
+            self._httpd.serve_forever(poll_interval=0.2)
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        """Stop serving, cut open connections and release the port."""
+        self._httpd.stopping.set()
+        if self._serving:
+            self._serving = False
+            self._httpd.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._close()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._httpd.server_close()
+        self._httpd.stopping.set()
+        self._httpd.close_connections()
+
+    def __enter__(self) -> SandboxServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,259 @@
+"""Reading effects, the long poll, the actions of issue 2, and tenant isolation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from gateway import services
+from gateway.models import Effect, EffectEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def created(persona, body, key) -> str:
+    response = persona.submit(body, key)
+    assert response.status_code == 201, response.json()
+    return response.json()["effect_id"]
+
+
+def test_get_effect_and_its_events(agent, ticket_body, sandbox):
+    effect_id = created(agent, ticket_body, "t1")
+    services.effect_dispatch(effect_id=effect_id, worker="test")
+    body = agent.client.get(f"/api/v1/effects/{effect_id}").json()
+    assert body["status"] == "CONFIRMED"
+    assert body["attempts"] == 1
+    assert body["receipt"]["provider"] == "tickets"
+    assert body["receipt"]["digest_matches"] is True
+    assert body["receipt"]["provider_operation_id"] == body["provider_operation_id"]
+    events = agent.client.get(f"/api/v1/effects/{effect_id}/events").json()
+    assert [e["to_status"] for e in events] == ["PREPARED", "DISPATCHING", "CONFIRMED"]
+    assert events[0]["actor"] == "agent:refund-bot"
+
+
+def test_list_is_newest_first_and_filters(agent, ticket_body, refund_body):
+    first = created(agent, ticket_body, "t1")
+    second = created(agent, refund_body, "r1")
+    third = created(
+        agent, {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}, "r2"
+    )
+    listed = agent.client.get("/api/v1/effects").json()["results"]
+    assert [e["effect_id"] for e in listed] == [third, second, first]
+    awaiting = agent.client.get("/api/v1/effects?status=AWAITING_APPROVAL").json()["results"]
+    assert [e["effect_id"] for e in awaiting] == [third]
+    refunds = agent.client.get("/api/v1/effects?type=billing.refund.create").json()["results"]
+    assert {e["effect_id"] for e in refunds} == {second, third}
+    owned = agent.client.get("/api/v1/effects?owner=support-tools").json()["results"]
+    assert [e["effect_id"] for e in owned] == [first]
+    bad = agent.client.get("/api/v1/effects?status=MAYBE")
+    assert bad.status_code == 400
+
+
+def test_list_paginates_with_a_cursor(agent, ticket_body):
+    ids = [created(agent, ticket_body, f"t{i}") for i in range(5)]
+    page = agent.client.get("/api/v1/effects?limit=2").json()
+    seen = [e["effect_id"] for e in page["results"]]
+    while page["next"]:
+        page = agent.client.get(page["next"]).json()
+        seen += [e["effect_id"] for e in page["results"]]
+    assert seen == list(reversed(ids))
+
+
+def test_list_query_count_does_not_grow_with_rows(
+    agent, ticket_body, django_assert_max_num_queries
+):
+    for i in range(10):
+        created(agent, ticket_body, f"t{i}")
+    # auth (token + principal) + page + one receipt lookup per row
+    with django_assert_max_num_queries(14):
+        response = agent.client.get("/api/v1/effects?limit=10")
+    assert len(response.json()["results"]) == 10
+
+
+def test_wait_returns_when_the_status_changes(agent, ticket_body, sandbox, transactional_db):
+    effect_id = created(agent, ticket_body, "t1")
+
+    def dispatch_soon():
+        time.sleep(0.5)
+        try:
+            services.effect_dispatch(effect_id=effect_id, worker="test")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=dispatch_soon)
+    thread.start()
+    body = agent.client.get(f"/api/v1/effects/{effect_id}?wait=10").json()
+    thread.join()
+    assert body["status"] != "PREPARED"
+
+
+def test_wait_without_change_returns_the_same_status(agent, ticket_body):
+    effect_id = created(agent, ticket_body, "t1")
+    body = agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3").json()
+    assert body["status"] == "PREPARED"
+    assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=soon").status_code == 400
+
+
+def test_cancel_before_dispatch(agent, ticket_body, sandbox):
+    effect_id = created(agent, ticket_body, "t1")
+    response = agent.client.post(
+        f"/api/v1/effects/{effect_id}/cancel", {"reason": "plan changed"}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["status"] == "CANCELLED"
+    assert services.effect_dispatch(effect_id=effect_id, worker="test") is False
+    assert sandbox.log() == []
+    event = EffectEvent.objects.get(effect_id=effect_id, kind="status")
+    assert event.reason == "plan changed" and event.actor == "agent:refund-bot"
+
+
+def test_cancel_after_dispatch_is_409(agent, ticket_body, sandbox):
+    effect_id = created(agent, ticket_body, "t1")
+    services.effect_dispatch(effect_id=effect_id, worker="test")
+    response = agent.client.post(f"/api/v1/effects/{effect_id}/cancel")
+    assert response.status_code == 409
+    assert Effect.objects.get(pk=effect_id).status == "CONFIRMED"
+
+
+def test_another_agent_cannot_cancel_but_an_operator_can(agent, other_agent, operator, ticket_body):
+    effect_id = created(agent, ticket_body, "t1")
+    assert other_agent.client.post(f"/api/v1/effects/{effect_id}/cancel").status_code == 403
+    assert operator.client.post(f"/api/v1/effects/{effect_id}/cancel").status_code == 200
+
+
+def test_approval_binds_the_digest_and_then_dispatches(
+    agent, approver, refund_body, sandbox, django_capture_on_commit_callbacks, eager_tasks
+):
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    effect = agent.submit(big, "r-big").json()
+    url = f"/api/v1/effects/{effect['effect_id']}/approve"
+    wrong = approver.client.post(url, {"payload_digest": "sha256:" + "0" * 64}, format="json")
+    assert wrong.status_code == 409
+    assert wrong.json()["type"].endswith("digest-mismatch")
+    assert sandbox.log() == []
+    by_requester = agent.client.post(
+        url, {"payload_digest": effect["payload_digest"]}, format="json"
+    )
+    assert by_requester.status_code == 403
+    with django_capture_on_commit_callbacks(execute=True):
+        ok = approver.client.post(
+            url,
+            {"payload_digest": effect["payload_digest"], "comment": "checked the incident"},
+            format="json",
+        )
+    assert ok.status_code == 200
+    body = agent.client.get(f"/api/v1/effects/{effect['effect_id']}").json()
+    assert body["status"] == "CONFIRMED"
+    assert body["approval"]["state"] == "approved"
+    assert body["approval"]["approved_by"] == "alice"
+    assert body["approval"]["approved_digest"] == effect["payload_digest"]
+    assert len(sandbox.operations()) == 1
+    again = approver.client.post(url, {"payload_digest": effect["payload_digest"]}, format="json")
+    assert again.status_code == 409
+
+
+def test_reject_ends_an_awaiting_command(agent, approver, refund_body, sandbox):
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    effect_id = agent.submit(big, "r-big").json()["effect_id"]
+    response = approver.client.post(
+        f"/api/v1/effects/{effect_id}/reject", {"reason": "no incident"}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["status"] == "REJECTED"
+    assert services.effect_dispatch(effect_id=effect_id, worker="test") is False
+    assert sandbox.log() == []
+
+
+def test_freeze_and_unfreeze_are_operator_actions(agent, operator, ticket_body):
+    effect_id = created(agent, ticket_body, "t1")
+    assert agent.client.post(f"/api/v1/effects/{effect_id}/freeze").status_code == 403
+    frozen = operator.client.post(
+        f"/api/v1/effects/{effect_id}/freeze", {"reason": "incident"}, format="json"
+    )
+    assert frozen.json()["frozen"] is True
+    assert operator.client.post(f"/api/v1/effects/{effect_id}/unfreeze").json()["frozen"] is False
+    kinds = EffectEvent.objects.filter(effect_id=effect_id).values_list("kind", flat=True)
+    assert list(kinds) == ["submitted", "frozen", "unfrozen"]
+
+
+ENDPOINTS = [
+    ("get", ""),
+    ("get", "/events"),
+    ("post", "/approve"),
+    ("post", "/reject"),
+    ("post", "/cancel"),
+    ("post", "/freeze"),
+    ("post", "/unfreeze"),
+]
+
+
+@pytest.mark.parametrize(("method", "suffix"), ENDPOINTS)
+def test_another_tenants_effect_does_not_exist(method, suffix, agent, rival_operator, ticket_body):
+    effect_id = created(agent, ticket_body, "t1")
+    before = list(Effect.objects.values_list("status", "frozen"))
+    call = getattr(rival_operator.client, method)
+    kwargs = {"format": "json"} if method == "post" else {}
+    data = {"payload_digest": "sha256:x"} if suffix == "/approve" else {}
+    response = call(f"/api/v1/effects/{effect_id}{suffix}", data, **kwargs)
+    assert response.status_code == 404
+    assert response.headers["Content-Type"] == "application/problem+json"
+    assert list(Effect.objects.values_list("status", "frozen")) == before
+
+
+def test_another_tenants_effects_are_not_listed(agent, rival_agent, ticket_body):
+    created(agent, ticket_body, "t1")
+    assert rival_agent.client.get("/api/v1/effects").json()["results"] == []
+
+
+def test_unknown_effect_is_404_problem(agent):
+    response = agent.client.get("/api/v1/effects/eff_nope")
+    assert response.status_code == 404
+    assert response.json()["type"].endswith("not-found")
+
+
+def test_effect_types_lists_every_contract_with_its_fields(agent):
+    from gateway.contracts import CONTRACTS
+
+    body = agent.client.get("/api/v1/effect-types").json()["results"]
+    assert {entry["type"] for entry in body} == set(CONTRACTS)
+    required = {
+        "type",
+        "provider",
+        "effect_class",
+        "approval",
+        "resource_type",
+        "payload_schema",
+        "example",
+        "compensator",
+        "owner",
+    }
+    for entry in body:
+        assert required <= set(entry)
+    mail = next(e for e in body if e["type"] == "email.message.send")
+    assert mail["irreversible"] is True and mail["automatic_compensation"] is False
+    refund = next(e for e in body if e["type"] == "billing.refund.create")
+    assert refund["approval"]["rule"] == {"field": "amount", "op": ">", "value": 10_000}
+
+
+def test_openapi_schema_and_docs_are_served(agent, client):
+    schema = agent.client.get("/api/schema/")
+    assert schema.status_code == 200
+    text = schema.content.decode()
+    assert "/api/v1/commands" in text and "/api/v1/effects/{id}/approve" in text
+    assert client.get("/api/docs/").status_code == 200
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.json()
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_unknown_api_path_is_a_problem(client):
+    response = client.get("/api/v1/nowhere")
+    assert response.status_code == 404
+    assert response.headers["Content-Type"] == "application/problem+json"
