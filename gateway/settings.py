@@ -201,12 +201,13 @@ SPECTACULAR_SETTINGS = {
 _BROKER_DIR = VAR_DIR / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    for sub in ("out", "processed"):
+    for sub in ("out", "processed", "control"):
         (_BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_BROKER_DIR / "out"),
         "data_folder_out": str(_BROKER_DIR / "out"),
         "processed_folder": str(_BROKER_DIR / "processed"),
+        "control_folder": str(_BROKER_DIR / "control"),
         "store_processed": False,
     }
 else:
@@ -214,6 +215,7 @@ else:
     # task; a redelivery is harmless anyway (the claim is compare-and-set).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = None
+CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

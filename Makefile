@@ -1,0 +1,80 @@
+# Effect Gateway: the two commands are `make test` and `make demo`; everything else helps.
+# The virtualenv lives in .venv/ and is (re)built on demand from pyproject.toml.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-print-directory
+
+VENV := .venv
+PY := $(VENV)/bin/python
+RUFF := $(VENV)/bin/ruff
+# Written after a successful install; older than pyproject.toml means "reinstall".
+STAMP := $(VENV)/.installed
+# Extra arguments: `make test PYTEST_ARGS="-k submit -x"`, `make demo DEMO_ARGS="--port 8001"`.
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+# The local pip configuration names index locations that do not exist on every machine; pip
+# warns about each one on every call. They are noise, so drop them from the output.
+PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
+
+.PHONY: help install browser test lint fmt demo bench clean
+
+help: ## List the targets
+	@echo "Effect Gateway. Usage: make <target>"
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Variables: PYTEST_ARGS, DEMO_ARGS, PYTHON (interpreter for a new .venv)."
+	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: SQLite + embedded broker)."
+
+install: $(STAMP) ## Build .venv (Python >= 3.12) and install the project with its dev extra
+
+$(STAMP): pyproject.toml
+	@if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then \
+		py="$$(bash scripts/find_python.sh)"; \
+		echo "==> creating $(VENV) with $$py ($$("$$py" --version 2>&1))"; \
+		rm -rf $(VENV); \
+		"$$py" -m venv $(VENV); \
+	fi
+	@echo "==> installing dependencies into $(VENV)"
+	$(PY) -m pip install --quiet --upgrade pip 2>&1 | $(PIP_FILTER)
+	@# setuptools warns on every editable install that local folders may shadow the package.
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[dev]' 2>&1 | $(PIP_FILTER)
+	@touch $@
+
+browser: ## Install Debian's chromium for the browser tests when missing (root only)
+	@if [ -x /usr/bin/chromium ]; then \
+		: already installed; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "==> installing Debian's chromium for the browser tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null \
+			|| { echo "error: apt-get install chromium failed" >&2; exit 1; }; \
+	else \
+		echo "note: /usr/bin/chromium is missing and installing it needs root and apt-get;"; \
+		echo "      the browser tests need it: sudo apt-get install chromium"; \
+	fi
+
+test: install browser ## Lint, check migrations are current, run pytest
+	@echo "==> database: $${DATABASE_URL:-SQLite (default)}; broker: $${CELERY_BROKER_URL:-embedded (default)}"
+	$(RUFF) check .
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install ## ruff check and ruff format --check
+	$(RUFF) check .
+	$(RUFF) format --check .
+
+fmt: install ## Format the code and apply ruff's safe fixes
+	$(RUFF) format .
+	$(RUFF) check --fix .
+
+demo: install ## Run the whole product locally: web, worker, beat and the sandbox provider
+	$(PY) manage.py demo $(DEMO_ARGS)
+
+bench: install ## Run the benchmark
+	$(PY) manage.py bench
+
+clean: ## Remove .venv, var/ and caches
+	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ ./*.egg-info
+	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

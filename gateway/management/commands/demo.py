@@ -1,0 +1,408 @@
+"""`manage.py demo`: the whole product on one machine, behind one command (`make demo`).
+
+Migrates the database, seeds a demo tenant, then runs and supervises four processes: the
+sandbox provider, the web server, a Celery worker and Celery beat. Each child gets its own
+process group, so Ctrl-C reaches only this supervisor, which then stops them: SIGTERM to each
+child, SIGKILL to whatever is left of its group after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.color import supports_color
+from django.db import connection, connections
+
+ROOT = Path(__file__).resolve().parents[3]
+MANAGE_PY = str(ROOT / "manage.py")
+HEALTH_TIMEOUT = 60.0
+STOP_GRACE = 10.0
+POLL = 0.25
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+DEMO_TENANT = "demo"
+AGENT = "demo-agent"
+# (principal, role, password): the people who log in to the console.
+LOGINS = [
+    ("alice", "approver", "alice-demo-pw"),
+    ("oscar", "operator", "oscar-demo-pw"),
+    ("admin", "admin", "admin-demo-pw"),
+]
+COLOURS = ["\033[36m", "\033[32m", "\033[33m", "\033[35m", "\033[34m"]
+RESET = "\033[0m"
+NAME_WIDTH = 7
+
+# The first command the banner suggests: open a ticket in the sandbox's support queue.
+DEMO_COMMAND = {
+    "type": "ticket.create",
+    "resource": {"type": "queue", "id": "support"},
+    "payload": {"title": "Printer on fire", "priority": "P2"},
+    "intent": {"summary": "open a ticket for the printer"},
+    "expires_in": 300,
+}
+
+
+@dataclass
+class Child:
+    """One supervised process: its name, command line, and the thread relaying its output."""
+
+    name: str
+    argv: list[str]
+    colour: str = ""
+    process: subprocess.Popen[bytes] | None = None
+    relay: threading.Thread | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        """The running process; only valid once `start_child` has run."""
+        assert self.process is not None, f"{self.name} was never started"
+        return self.process
+
+    def exit_code(self) -> int | None:
+        """The exit code once the process has exited, else None."""
+        return None if self.process is None else self.process.poll()
+
+    def is_running(self) -> bool:
+        """True between a successful start and the process's exit."""
+        return self.process is not None and self.process.poll() is None
+
+    def describe_exit(self) -> str:
+        """'exited with code N' or 'was killed by SIGXXX', for the operator."""
+        code = self.exit_code()
+        if code is not None and code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+
+class ChildExited(Exception):
+    """A child stopped while it should have been running."""
+
+    def __init__(self, child: Child) -> None:
+        """Remember which child stopped."""
+        super().__init__(f"{child.name} {child.describe_exit()}")
+        self.child = child
+
+
+@dataclass
+class StopSignal:
+    """Set by SIGINT/SIGTERM/SIGHUP; a second signal asks to skip the grace period."""
+
+    requested: threading.Event = field(default_factory=threading.Event)
+    forced: threading.Event = field(default_factory=threading.Event)
+
+    def handle(self, signum: int, frame: object) -> None:
+        """Signal handler: first signal requests a stop, the next one forces it."""
+        if self.requested.is_set():
+            self.forced.set()
+        self.requested.set()
+
+
+class Command(BaseCommand):
+    """Run the sandbox provider, web, worker and beat together, and stop them together."""
+
+    help = (
+        "Migrate, seed the demo tenant and run web + worker + beat + sandbox provider until Ctrl-C."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        """Declare the command's options."""
+        parser.add_argument("--host", default="127.0.0.1", help="web server address")
+        parser.add_argument("--port", type=int, default=8000, help="web server port")
+        parser.add_argument("--sandbox-port", type=int, default=8765, help="sandbox provider port")
+        parser.add_argument("--no-seed", action="store_true", help="skip the demo tenant")
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="start everything, wait until healthy, print the banner, then stop",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Run the steps: check ports, migrate, seed, start, wait, banner, supervise, stop."""
+        host, port, sandbox_port = options["host"], options["port"], options["sandbox_port"]
+        self.colour = options["force_color"] or (supports_color() and not options["no_color"])
+        self.output_lock = threading.Lock()
+
+        ensure_ports_free([(host, port), ("127.0.0.1", sandbox_port)])
+        self.prepare_database()
+        token = None if options["no_seed"] else self.seed_demo_tenant()
+
+        children = build_children(host, port, sandbox_port)
+        for index, child in enumerate(children):
+            child.colour = COLOURS[index % len(COLOURS)] if self.colour else ""
+        base = f"http://{browser_host(host)}:{port}/"
+        health_urls = [f"{base}healthz", f"http://127.0.0.1:{sandbox_port}/_health"]
+
+        stop = StopSignal()
+        restore = install_signal_handlers(stop)
+        try:
+            env = child_environment(sandbox_port)
+            for child in children:
+                start_child(child, env, self.emit)
+            wait_until_healthy(children, health_urls, stop)
+            if not stop.requested.is_set():
+                self.print_banner(base, token)
+                if not options["check"]:
+                    supervise(children, stop)
+        except ChildExited as exc:
+            self.emit("demo", "", str(exc))
+            raise CommandError(str(exc)) from None
+        finally:
+            running = [child.name for child in children if child.is_running()]
+            self.emit("demo", "", "stopping " + (", ".join(running) or "nothing"))
+            stop_children(children, stop)
+            restore()
+        self.emit("demo", "", "all stopped")
+
+    def prepare_database(self) -> None:
+        """Apply migrations and collect static files, quietly."""
+        self.stdout.write(f"==> migrating the {connection.vendor} database")
+        call_command("migrate", interactive=False, verbosity=0)
+        # The console's CSS/JS is served by WhiteNoise from STATIC_ROOT when DEBUG is off.
+        call_command("collectstatic", interactive=False, verbosity=0)
+        connections.close_all()  # the children open their own connections
+
+    def seed_demo_tenant(self) -> str:
+        """Create the demo tenant's agent and console logins; return the agent's new token."""
+        self.stdout.write(f"==> seeding tenant {DEMO_TENANT!r}")
+        token = issue_token(AGENT, "agent")
+        for name, role, password in LOGINS:
+            issue_token(name, role, password)
+        connections.close_all()
+        return token
+
+    def emit(self, name: str, colour: str, line: str) -> None:
+        """Write one line prefixed with a process name; safe to call from relay threads."""
+        prefix = f"{name:<{NAME_WIDTH}} |"
+        if colour:
+            prefix = f"{colour}{prefix}{RESET}"
+        with self.output_lock:
+            self.stdout.write(f"{prefix} {line}")
+            self.stdout.flush()
+
+    def print_banner(self, base: str, token: str | None) -> None:
+        """Tell the operator where everything is and how to submit a first command."""
+        bold = (lambda text: f"\033[1m{text}{RESET}") if self.colour else (lambda text: text)
+        lines = [
+            "",
+            "=" * 78,
+            bold("Effect Gateway demo is up"),
+            f"  Console    {base}",
+            f"  API docs   {base}api/docs/",
+        ]
+        if token is not None:
+            lines.append(f"  Logins     (tenant {DEMO_TENANT!r})")
+            lines += [f"    {name:<6} / {pw:<15} {role}" for name, role, pw in LOGINS]
+            lines += [
+                f"  Agent token ({AGENT}):",
+                f"    {token}",
+                "",
+                "  Submit a command:",
+                f"    TOKEN={token}",
+                f"    {curl_example(base)}",
+            ]
+        else:
+            lines.append("  (--no-seed: no demo logins or token were created)")
+        lines += ["", "Press Ctrl-C to stop.", "=" * 78, ""]
+        with self.output_lock:
+            self.stdout.write("\n".join(lines))
+            self.stdout.flush()
+
+
+def issue_token(principal: str, role: str, password: str | None = None) -> str:
+    """Run `issue_token` for the demo tenant and return the token it prints last."""
+    argv = ["--tenant", DEMO_TENANT, "--principal", principal, "--role", role]
+    if password is not None:
+        argv += ["--password", password]
+    out = io.StringIO()
+    call_command("issue_token", *argv, stdout=out)
+    lines = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
+    if not lines:
+        raise CommandError(f"issue_token printed no token for {principal!r}")
+    return lines[-1]
+
+
+def curl_example(base: str) -> str:
+    """A copy-paste curl that submits DEMO_COMMAND with the token in $TOKEN."""
+    body = json.dumps(DEMO_COMMAND, separators=(",", ":"))
+    return (
+        f"curl -s -X POST {base}api/v1/commands"
+        ' -H "Authorization: Bearer $TOKEN"'
+        ' -H "Idempotency-Key: demo-ticket-1"'
+        ' -H "Content-Type: application/json"'
+        f" -d '{body}'"
+    )
+
+
+def ensure_ports_free(addresses: list[tuple[str, int]]) -> None:
+    """Fail early and clearly when a port is taken (often: another demo still running)."""
+    for host, port in addresses:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # The servers set SO_REUSEADDR too, so a socket in TIME_WAIT is no conflict.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot use {host}:{port} ({exc.strerror}); is another demo running?"
+                ) from None
+
+
+def browser_host(host: str) -> str:
+    """The address to put in URLs: a wildcard bind address is reached via loopback."""
+    return "127.0.0.1" if host in {"0.0.0.0", ""} else host
+
+
+def build_children(host: str, port: int, sandbox_port: int) -> list[Child]:
+    """The four processes of the demo, in start order."""
+    python = sys.executable
+    schedule = Path(getattr(settings, "VAR_DIR", ROOT / "var")) / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    celery = [python, "-m", "celery", "-A", "gateway"]
+    return [
+        Child("sandbox", [python, MANAGE_PY, "run_sandbox_provider", "--port", str(sandbox_port)]),
+        Child("web", [python, MANAGE_PY, "runserver", f"{host}:{port}", "--noreload"]),
+        Child(
+            "worker",
+            [
+                *celery,
+                *["worker", "--loglevel", "INFO", "--concurrency", "2"],
+                *["--prefetch-multiplier", "1", "-Q", "celery"],
+            ],
+        ),
+        Child("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", str(schedule)]),
+    ]
+
+
+def child_environment(sandbox_port: int) -> dict[str, str]:
+    """The children's environment: ours, unbuffered, pointed at the sandbox we start."""
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "GATEWAY_SANDBOX_URL": f"http://127.0.0.1:{sandbox_port}",
+    }
+
+
+def start_child(child: Child, env: dict[str, str], emit: Callable[[str, str, str], None]) -> None:
+    """Start a child in its own process group with a thread relaying its output."""
+    child.process = subprocess.Popen(
+        child.argv,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        process_group=0,  # Ctrl-C goes to our group only; we stop the children ourselves
+    )
+    child.relay = threading.Thread(
+        target=relay_output, args=(child, emit), name=f"relay-{child.name}", daemon=True
+    )
+    child.relay.start()
+
+
+def relay_output(child: Child, emit: Callable[[str, str, str], None]) -> None:
+    """Copy a child's output line by line, prefixed with its name, until the pipe closes."""
+    pipe = child.proc.stdout
+    assert pipe is not None  # started with stdout=PIPE
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            emit(child.name, child.colour, raw.decode("utf-8", "replace").rstrip())
+
+
+def install_signal_handlers(stop: StopSignal) -> Callable[[], None]:
+    """Route SIGINT/SIGTERM/SIGHUP to `stop`; return a function restoring the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signal handlers can only be set from the main thread
+    previous = {sig: signal.signal(sig, stop.handle) for sig in STOP_SIGNALS}
+
+    def restore() -> None:
+        """Put back the handlers that were there before."""
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def check_children(children: list[Child]) -> None:
+    """Raise ChildExited for the first child that is no longer running."""
+    for child in children:
+        if child.exit_code() is not None:
+            raise ChildExited(child)
+
+
+def wait_until_healthy(children: list[Child], urls: list[str], stop: StopSignal) -> None:
+    """Poll each health URL until it answers 200; fail if a child dies or time runs out."""
+    deadline = time.monotonic() + HEALTH_TIMEOUT
+    for url in urls:
+        while not stop.requested.is_set():
+            check_children(children)
+            if answers_ok(url):
+                break
+            if time.monotonic() > deadline:
+                raise CommandError(f"{url} did not answer 200 within {HEALTH_TIMEOUT:.0f}s")
+            stop.requested.wait(POLL)
+
+
+# No proxies: an HTTP proxy from the environment must not intercept loopback health checks.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def answers_ok(url: str) -> bool:
+    """True when a GET of `url` answers 200 within two seconds."""
+    try:
+        with _DIRECT.open(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def supervise(children: list[Child], stop: StopSignal) -> None:
+    """Block until a stop signal (return) or until any child exits (raise ChildExited)."""
+    while not stop.requested.is_set():
+        check_children(children)
+        stop.requested.wait(POLL)
+
+
+def stop_children(children: list[Child], stop: StopSignal) -> None:
+    """SIGTERM every child, then SIGKILL whatever is left of its process group."""
+    started = [child for child in children if child.process is not None]
+    for child in started:
+        if child.is_running():
+            # The group leader only: Celery's worker then stops its pool itself (warm
+            # shutdown); a SIGTERM to the whole group would kill pool processes mid-task.
+            child.proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE
+    while any(child.is_running() for child in started):
+        if time.monotonic() > deadline or stop.forced.is_set():
+            break
+        time.sleep(0.1)
+    for child in started:
+        # A leader that ignored SIGTERM, or pool processes that outlived a crashed worker.
+        signal_group(child, signal.SIGKILL)
+        child.proc.wait()
+    for child in started:
+        if child.relay is not None:
+            child.relay.join(timeout=2)
+
+
+def signal_group(child: Child, sig: signal.Signals) -> None:
+    """Send `sig` to the child's process group, ignoring a group that is already gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.proc.pid, sig)
