@@ -1,5 +1,5 @@
-"""The Effect Gateway: Django project and the effect ledger app."""
+"""The Effect Gateway: Django project and the effect ledger app.
 
-from gateway.celery import app as celery_app
-
-__all__ = ["celery_app"]
+Deliberately empty: ``gateway.client`` must import without Django or Celery. The Celery app
+is bound in ``GatewayConfig.ready()``; ``celery -A gateway`` finds ``gateway.celery`` itself.
+"""

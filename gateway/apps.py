@@ -6,3 +6,8 @@ class GatewayConfig(AppConfig):
 
     name = "gateway"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Make our Celery app the current one in every process that loads Django (web nodes
+        # send tasks with shared_task.delay, which uses the current app's broker).
+        from gateway.celery import app  # noqa: F401

@@ -116,6 +116,9 @@ class Command(models.Model):
         on_delete=models.PROTECT,
         related_name="compensations",
     )
+    # The saga run and step this command belongs to (sagas app); None for a lone command.
+    saga_id = models.CharField(max_length=32, null=True, blank=True, db_index=True)
+    saga_step = models.CharField(max_length=100, blank=True)
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField()
 

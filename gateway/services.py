@@ -145,7 +145,45 @@ def _transition(
         "effect transition",
         extra={"effect_id": effect.pk, "from": from_status, "to": to, "actor": actor},
     )
+    _after_transition(effect, to=to)
     return True
+
+
+# What a compensation's end means for the effect it compensates.
+_COMPENSATION_SETTLES = {
+    S.CONFIRMED: S.COMPENSATED,
+    S.REJECTED: S.COMPENSATION_FAILED,
+    S.EXPIRED: S.COMPENSATION_FAILED,
+    S.CANCELLED: S.COMPENSATION_FAILED,
+}
+
+
+def _after_transition(effect: Effect, *, to: str) -> None:
+    """Consequences of a status change that belong to the same transaction: the original of
+    a compensation settles, and the saga (if any) is told after commit."""
+    command = effect.command
+    if command.compensates_id and to in _COMPENSATION_SETTLES:
+        original = Effect.objects.select_related("command").get(pk=command.compensates_id)
+        if original.status == S.COMPENSATING:
+            outcome = _COMPENSATION_SETTLES[to]
+            _transition(
+                original,
+                to=outcome,
+                actor="gateway",
+                kind="compensation_settled",
+                reason=f"compensation {effect.pk} ended {to}",
+                data={"compensation": effect.pk},
+            )
+    if command.saga_id:
+        _notify_saga(command.saga_id)
+
+
+def _notify_saga(saga_id: str) -> None:
+    try:
+        from sagas.tasks import advance_saga
+    except ImportError:  # the sagas app is optional for the ledger
+        return
+    transaction.on_commit(partial(advance_saga.delay, saga_id))
 
 
 def _enqueue_dispatch(effect_id: str) -> None:
@@ -245,6 +283,8 @@ def command_submit(
     context: Any = None,
     expires_in: Any = None,
     compensates: Command | None = None,
+    saga_id: str | None = None,
+    saga_step: str = "",
 ) -> Submission:
     """Freeze a command and create its effect, or return the effect this key already names.
 
@@ -308,6 +348,8 @@ def command_submit(
                 requested_by=principal,
                 approval_required=needs_approval,
                 compensates=compensates,
+                saga_id=saga_id,
+                saga_step=saga_step,
                 expires_at=now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),
                 created_at=now,
             )
@@ -487,6 +529,79 @@ def effect_set_frozen(
             if not frozen and effect.status in DISPATCHABLE:
                 _enqueue_dispatch(effect.pk)
     return effect
+
+
+def compensation_key(effect: Effect) -> str:
+    """One compensation per effect: asking twice replays the same command."""
+    return f"compensation:{effect.pk}"
+
+
+def effect_compensate(
+    *, effect: Effect, principal: Principal, reason: str, automatic: bool = False
+) -> Submission:
+    """Issue a **new** command of the contract's compensator type, with its own key and its own
+    approval; the original becomes COMPENSATING and both stay in the ledger, linked.
+
+    ``automatic`` is the saga orchestrator acting: refused for contracts whose compensation a
+    human must decide (irreversible effects such as a sent email).
+    """
+    contract = get_contract(effect.type)
+    if contract is None or not contract.compensator or contract.compensation is None:
+        raise InvalidTransition(f"{effect.type} has no compensator: handle it manually.")
+    if principal.role not in {Role.AGENT, *OPERATOR_ROLES}:
+        raise NotPermitted(f"A principal with role {principal.role} cannot compensate.")
+    if not contract.automatic_compensation and (automatic or principal.role == Role.AGENT):
+        raise NotPermitted(
+            f"{effect.type} is compensated only by an operator's decision "
+            f"({contract.compensator}); it is never automatic."
+        )
+    if effect.status == S.COMPENSATING and effect.compensated_by_id:
+        existing = Effect.objects.select_related("command").get(pk=effect.compensated_by_id)
+        return Submission(existing, created=False)
+    if effect.status != S.CONFIRMED:
+        raise InvalidTransition(
+            f"Effect {effect.pk} is {effect.status}: only a CONFIRMED effect is compensated."
+        )
+    now = timezone.now()
+    if contract.compensation_window and effect.confirmed_at:
+        window_end = effect.confirmed_at + contract.compensation_window
+        if now > window_end:
+            raise InvalidTransition(
+                f"The compensation window of {effect.pk} ended at {window_end.isoformat()}; "
+                f"compensation is now manual for {contract.owner}."
+            )
+    receipt = effect.receipts.order_by("-received_at", "-id").first()
+    resource, payload = contract.compensation(
+        effect.command.resource,
+        command_payload(effect.command),
+        receipt.result if receipt else {},
+        effect.provider_operation_id,
+    )
+    with transaction.atomic():
+        submission = command_submit(
+            principal=principal,
+            idempotency_key=compensation_key(effect),
+            type=contract.compensator,
+            resource=resource,
+            payload=payload,
+            intent={"summary": f"compensate {effect.pk}: {reason}"[:4000]},
+            context=effect.command.context,
+            compensates=effect.command,
+            saga_id=effect.command.saga_id,
+            saga_step=effect.command.saga_step and f"{effect.command.saga_step}:compensation",
+        )
+        if not _transition(
+            effect,
+            to=S.COMPENSATING,
+            actor=principal.label,
+            principal=principal,
+            kind="compensation_issued",
+            reason=reason,
+            data={"compensation": submission.effect.pk},
+            compensated_by=submission.effect.command,
+        ):
+            raise InvalidTransition(f"Effect {effect.pk} changed meanwhile; try again.")
+    return submission
 
 
 # --- dispatch ---------------------------------------------------------------------------------

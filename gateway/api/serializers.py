@@ -181,7 +181,9 @@ class EffectSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_saga(self, effect: Effect):
-        return None
+        if not effect.command.saga_id:
+            return None
+        return {"id": effect.command.saga_id, "step": effect.command.saga_step}
 
 
 class EffectEventSerializer(serializers.ModelSerializer):

@@ -194,6 +194,30 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         )
         return _effect_response(request, effect)
 
+    @extend_schema(
+        request=ReasonSerializer,
+        responses={201: EffectSerializer, 200: EffectSerializer},
+        description="Issue the contract's compensator as a new command (its own key and "
+        "approval); answers with the compensating effect. Asking again replays it.",
+    )
+    @action(detail=True, methods=["post"])
+    def compensate(self, request, pk=None):
+        effect = self.get_object()
+        body = _valid(ReasonSerializer, request)
+        reason = body.get("reason", "").strip()
+        if not reason:
+            raise ValidationProblem(
+                "Say why the effect is compensated.", errors={"reason": ["required"]}
+            )
+        submission = services.effect_compensate(
+            effect=effect, principal=principal_of(request), reason=reason
+        )
+        if submission.created:
+            return _effect_response(request, submission.effect, http.HTTP_201_CREATED)
+        return _effect_response(
+            request, submission.effect, http.HTTP_200_OK, **{"Idempotent-Replayed": "true"}
+        )
+
     @extend_schema(request=ReasonSerializer, responses=EffectSerializer)
     @action(detail=True, methods=["post"])
     def freeze(self, request, pk=None):
