@@ -117,7 +117,7 @@ class Command(models.Model):
         related_name="compensations",
     )
     # The saga run and step this command belongs to (sagas app); None for a lone command.
-    saga_id = models.CharField(max_length=32, null=True, blank=True, db_index=True)
+    saga_id = models.CharField(max_length=32, blank=True, default="")
     saga_step = models.CharField(max_length=100, blank=True)
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField()
@@ -131,6 +131,8 @@ class Command(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant", "resource_type", "resource_id"]),
+            # A saga's steps; most commands have no saga, so only those rows are indexed.
+            models.Index(fields=["saga_id"], name="command_saga", condition=~Q(saga_id="")),
         ]
 
     def __str__(self) -> str:

@@ -348,7 +348,7 @@ def command_submit(
                 requested_by=principal,
                 approval_required=needs_approval,
                 compensates=compensates,
-                saga_id=saga_id,
+                saga_id=saga_id or "",
                 saga_step=saga_step,
                 expires_at=now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),
                 created_at=now,
