@@ -24,11 +24,13 @@ S = EffectStatus
 # Who may move an effect from one status to another. The service guard, the console's
 # colours and the tests all read this one table.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    S.PREPARED: frozenset({S.AWAITING_APPROVAL, S.DISPATCHING, S.EXPIRED, S.CANCELLED}),
+    S.PREPARED: frozenset({S.AWAITING_APPROVAL, S.DISPATCHING, S.EXPIRED, S.CANCELLED, S.REJECTED}),
     S.AWAITING_APPROVAL: frozenset({S.PREPARED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
     S.DISPATCHING: frozenset({S.CONFIRMED, S.IN_PROGRESS, S.NOT_STARTED, S.UNKNOWN, S.REJECTED}),
     S.IN_PROGRESS: frozenset({S.CONFIRMED, S.UNKNOWN, S.REJECTED, S.NOT_STARTED}),
-    S.NOT_STARTED: frozenset({S.DISPATCHING, S.EXPIRED, S.CANCELLED, S.REJECTED}),
+    S.NOT_STARTED: frozenset(
+        {S.DISPATCHING, S.AWAITING_APPROVAL, S.EXPIRED, S.CANCELLED, S.REJECTED}
+    ),
     S.UNKNOWN: frozenset({S.CONFIRMED, S.IN_PROGRESS, S.NOT_STARTED, S.REJECTED}),
     S.CONFIRMED: frozenset({S.COMPENSATING}),
     S.COMPENSATING: frozenset({S.COMPENSATED, S.COMPENSATION_FAILED}),
@@ -104,6 +106,7 @@ class ApprovalState(models.TextChoices):
     PENDING = "pending"
     APPROVED = "approved"
     REJECTED = "rejected"
+    EXPIRED = "expired"  # approved too long before dispatch: asked again
 
 
 class EffectClass(models.TextChoices):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from gateway.choices import (
     DISPATCHABLE,
@@ -84,6 +84,80 @@ class ApiToken(models.Model):
         return f"{self.prefix}… ({self.principal})"
 
 
+class Capability(models.Model):
+    """A grant under which an agent may submit: effect types, resources, budget, expiry.
+
+    The budget is reserved at submission with one conditional UPDATE, so concurrent
+    submissions can never overspend it; a revoked or expired grant also stops dispatch.
+    """
+
+    id = models.CharField(max_length=32, primary_key=True, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="capabilities")
+    principal = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="capabilities")
+    # fnmatch patterns: ["billing.refund.create"], ["ticket.*"], ["*"].
+    effect_types = models.JSONField(default=list)
+    # fnmatch pattern on "<resource type>:<resource id>", e.g. "order:ord_*"; "*" for any.
+    resource_selector = models.CharField(max_length=200, default="*")
+    budget_count = models.PositiveIntegerField(null=True, blank=True)
+    budget_amount = models.BigIntegerField(null=True, blank=True)
+    budget_currency = models.CharField(max_length=3, blank=True)
+    spent_count = models.PositiveIntegerField(default=0)
+    spent_amount = models.BigIntegerField(default=0)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_reason = models.TextField(blank=True)
+    created_by = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "capabilities"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(budget_count__isnull=True) | Q(spent_count__lte=F("budget_count")),
+                name="capability_count_within_budget",
+            ),
+            models.CheckConstraint(
+                condition=Q(budget_amount__isnull=True) | Q(spent_amount__lte=F("budget_amount")),
+                name="capability_amount_within_budget",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} for {self.principal}"
+
+
+class EffectTypeFreeze(models.Model):
+    """An operator's stop on a whole effect type within a tenant: nothing of it dispatches."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    type = models.CharField(max_length=100)
+    reason = models.TextField(blank=True)
+    frozen_by = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "type"], name="type_freeze_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} frozen in {self.tenant_id}"
+
+
+class AuditChainHead(models.Model):
+    """The last link of a tenant's event hash chain; locked while an event is appended."""
+
+    tenant = models.OneToOneField(
+        Tenant, primary_key=True, on_delete=models.PROTECT, related_name="+"
+    )
+    last_hash = models.CharField(max_length=64)
+    last_event_id = models.BigIntegerField(null=True, blank=True)
+    length = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"chain of {self.tenant_id} at {self.length}"
+
+
 class Command(models.Model):
     """What was asked, frozen at submission: never updated, never deleted."""
 
@@ -108,6 +182,11 @@ class Command(models.Model):
     intent = models.JSONField(default=dict, blank=True)
     context = models.JSONField(default=dict, blank=True)
     requested_by = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="commands")
+    capability = models.ForeignKey(
+        Capability, null=True, blank=True, on_delete=models.PROTECT, related_name="commands"
+    )
+    # What this command reserved from its capability's budget.
+    budget_amount = models.BigIntegerField(default=0)
     approval_required = models.BooleanField()
     compensates = models.ForeignKey(
         "Command",
@@ -303,9 +382,15 @@ class EffectEvent(models.Model):
     # Evidence only (ids, status codes, digests); never the payload.
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
+    # The tenant's hash chain: hash = sha256(prev_hash + canonical JSON of this event).
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
 
     class Meta:
-        indexes = [models.Index(fields=["effect", "id"])]
+        indexes = [
+            models.Index(fields=["effect", "id"]),
+            models.Index(fields=["tenant", "id"], name="event_chain_order"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.effect_id} {self.kind} {self.from_status}->{self.to_status}"

@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gateway import audit, capabilities
 from gateway.choices import (
     ALLOWED_TRANSITIONS,
     BEFORE_DISPATCH,
@@ -83,17 +84,19 @@ def _event(
     data: dict[str, Any] | None = None,
     now=None,
 ) -> EffectEvent:
-    return EffectEvent.objects.create(
-        tenant_id=effect.tenant_id,
-        effect=effect,
-        kind=kind,
-        from_status=from_status,
-        to_status=to_status,
-        actor=actor,
-        principal=principal,
-        reason=reason,
-        data=data or {},
-        created_at=now or timezone.now(),
+    return audit.append(
+        EffectEvent(
+            tenant_id=effect.tenant_id,
+            effect=effect,
+            kind=kind,
+            from_status=from_status,
+            to_status=to_status,
+            actor=actor,
+            principal=principal,
+            reason=reason,
+            data=data or {},
+            created_at=now or timezone.now(),
+        )
     )
 
 
@@ -118,6 +121,9 @@ def _transition(
     """
     if to not in ALLOWED_TRANSITIONS[effect.status]:
         raise InvalidTransition(f"{effect.pk} cannot go from {effect.status} to {to}")
+    # Chain head first, then the row: the lock order that keeps two transitions of one
+    # tenant from deadlocking (see gateway.audit).
+    audit.lock_chain(effect.tenant_id)
     now = timezone.now()
     query = Effect.objects.filter(pk=effect.pk, status=effect.status)
     if expect_fence is not None:
@@ -145,7 +151,7 @@ def _transition(
         "effect transition",
         extra={"effect_id": effect.pk, "from": from_status, "to": to, "actor": actor},
     )
-    _after_transition(effect, to=to)
+    _after_transition(effect, from_status=from_status, to=to)
     return True
 
 
@@ -158,10 +164,13 @@ _COMPENSATION_SETTLES = {
 }
 
 
-def _after_transition(effect: Effect, *, to: str) -> None:
+def _after_transition(effect: Effect, *, from_status: str, to: str) -> None:
     """Consequences of a status change that belong to the same transaction: the original of
     a compensation settles, and the saga (if any) is told after commit."""
     command = effect.command
+    if to in (S.CANCELLED, S.EXPIRED) or (to == S.REJECTED and from_status in BEFORE_DISPATCH):
+        # Never sent: its share of the grant's budget goes back.
+        capabilities.capability_release(command)
     if command.compensates_id and to in _COMPENSATION_SETTLES:
         original = Effect.objects.select_related("command").get(pk=command.compensates_id)
         if original.status == S.COMPENSATING:
@@ -330,6 +339,9 @@ def command_submit(
     status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     try:
         with transaction.atomic():
+            capability, reserved = capabilities.capability_reserve(
+                principal=principal, contract=contract, resource=resource, payload=payload
+            )
             command = Command.objects.create(
                 tenant_id=principal.tenant_id,
                 type=contract.type,
@@ -346,6 +358,8 @@ def command_submit(
                 intent=intent or {},
                 context=context or {},
                 requested_by=principal,
+                capability=capability,
+                budget_amount=reserved,
                 approval_required=needs_approval,
                 compensates=compensates,
                 saga_id=saga_id or "",
@@ -512,6 +526,7 @@ def effect_set_frozen(
     """Freeze (nothing is dispatched) or unfreeze an effect; recorded either way."""
     _require_role(principal, OPERATOR_ROLES, "freeze effects")
     with transaction.atomic():
+        audit.lock_chain(effect.tenant_id)
         changed = Effect.objects.filter(pk=effect.pk, frozen=not frozen).update(
             frozen=frozen, updated_at=timezone.now()
         )
@@ -626,17 +641,48 @@ def effect_expire(*, effect: Effect, actor: str) -> bool:
     )
 
 
+def _approval_expired(effect: Effect, now) -> bool:
+    if not effect.command.approval_required or effect.approved_at is None:
+        return False
+    return (now - effect.approved_at).total_seconds() > settings.GATEWAY_APPROVAL_TTL
+
+
 def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
     """PREPARED/NOT_STARTED → DISPATCHING with a new fence and an attempt row, committed
     before the provider is called. None when there is nothing to send (another worker got it,
     it is frozen, expired, or out of attempts)."""
     now = timezone.now()
     with transaction.atomic():
-        effect = Effect.objects.select_related("command").filter(pk=effect_id).first()
+        effect = Effect.objects.select_related("command__requested_by").filter(pk=effect_id).first()
         if effect is None or effect.status not in DISPATCHABLE or effect.frozen:
             return None
         if effect.command.expires_at <= now:
             effect_expire(effect=effect, actor=f"worker:{worker}")
+            return None
+        blocker = capabilities.dispatch_blocker(effect.command, now=now)
+        if blocker is not None:
+            reason, final = blocker
+            if final:
+                _transition(
+                    effect,
+                    to=S.REJECTED,
+                    actor=f"worker:{worker}",
+                    kind="authorisation_lost",
+                    reason=f"{reason}; it was never sent",
+                    next_dispatch_at=None,
+                )
+            return None
+        if _approval_expired(effect, now):
+            _transition(
+                effect,
+                to=S.AWAITING_APPROVAL,
+                actor=f"worker:{worker}",
+                kind="approval_expired",
+                reason=f"approved at {effect.approved_at.isoformat()}, more than "
+                f"{settings.GATEWAY_APPROVAL_TTL:.0f}s before dispatch: approve it again",
+                approval_state=ApprovalState.EXPIRED,
+                next_dispatch_at=None,
+            )
             return None
         contract = get_contract(effect.type)
         budget = contract.recovery.max_dispatch_attempts if contract else 1

@@ -131,8 +131,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
     }
-    # Tests on SQLite use a file, so that worker processes started by a test see its rows.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_gateway.sqlite3")}
+    # Tests on SQLite use a file, so that worker processes started by a test see its rows;
+    # one per test run, so that two runs on one machine do not lock each other out.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_gateway_{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -250,6 +251,8 @@ GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
 # First wait before an UNKNOWN / IN_PROGRESS effect is looked up; doubles per lookup.
 GATEWAY_RECONCILE_BACKOFF = env_number("GATEWAY_RECONCILE_BACKOFF", 5)
 GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
+# An approval is good for one command, for this long: dispatched later, it is asked again.
+GATEWAY_APPROVAL_TTL = env_number("GATEWAY_APPROVAL_TTL", 3600)
 GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")
 
 CELERY_BEAT_SCHEDULE = {

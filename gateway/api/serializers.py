@@ -8,7 +8,7 @@ from rest_framework import serializers
 from gateway import selectors
 from gateway.choices import EffectStatus
 from gateway.contracts import get_contract
-from gateway.models import Effect, EffectEvent
+from gateway.models import Capability, Effect, EffectEvent
 from gateway.services import command_payload
 
 
@@ -204,3 +204,36 @@ class EffectEventSerializer(serializers.ModelSerializer):
             "data",
             "created_at",
         ]
+
+
+class CapabilitySerializer(serializers.ModelSerializer):
+    principal = serializers.CharField(source="principal.name")
+
+    class Meta:
+        model = Capability
+        fields = [
+            "id",
+            "principal",
+            "effect_types",
+            "resource_selector",
+            "budget_count",
+            "budget_amount",
+            "budget_currency",
+            "spent_count",
+            "spent_amount",
+            "expires_at",
+            "revoked_at",
+            "revoked_reason",
+            "created_by",
+            "created_at",
+        ]
+
+
+class CapabilityGrantSerializer(serializers.Serializer):
+    principal = serializers.CharField(max_length=150)
+    effect_types = serializers.ListField(child=serializers.CharField(max_length=100), min_length=1)
+    resource_selector = serializers.CharField(max_length=200, required=False, default="*")
+    budget_count = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    budget_amount = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    budget_currency = serializers.RegexField(r"^[A-Z]{3}$", required=False, default="")
+    expires_in = serializers.IntegerField(min_value=1, required=False, allow_null=True)

@@ -16,10 +16,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway import selectors, services
+from gateway import capabilities, selectors, services
 from gateway.api.auth import principal_of
 from gateway.api.serializers import (
     ApproveSerializer,
+    CapabilityGrantSerializer,
+    CapabilitySerializer,
     CommandSubmitSerializer,
     EffectEventSerializer,
     EffectSerializer,
@@ -27,8 +29,8 @@ from gateway.api.serializers import (
 )
 from gateway.choices import EffectStatus
 from gateway.contracts import CONTRACTS
-from gateway.errors import ValidationProblem
-from gateway.models import Effect
+from gateway.errors import NotFound, NotPermitted, ValidationProblem
+from gateway.models import Capability, Effect, Principal
 
 
 class NewestFirst(CursorPagination):
@@ -38,6 +40,11 @@ class NewestFirst(CursorPagination):
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 500
+
+
+class NewestFirstCapability(CursorPagination):
+    ordering = "-created_at"
+    page_size = 100
 
 
 def _effect_response(request: Request, effect: Effect, code: int = 200, **headers) -> Response:
@@ -289,3 +296,89 @@ class EffectTypesView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         return Response({"results": [contract.as_data() for contract in CONTRACTS.values()]})
+
+
+class CapabilityViewSet(viewsets.ReadOnlyModelViewSet):
+    """Grants of the caller's tenant: admins grant, operators and admins read and revoke."""
+
+    serializer_class = CapabilitySerializer
+    pagination_class = NewestFirstCapability
+
+    def get_queryset(self):
+        principal = principal_of(self.request)
+        if principal.role not in capabilities.FREEZER_ROLES:
+            raise NotPermitted(f"A principal with role {principal.role} cannot list grants.")
+        return Capability.objects.filter(tenant_id=principal.tenant_id).select_related("principal")
+
+    def get_object(self) -> Capability:
+        found = self.get_queryset().filter(pk=self.kwargs["pk"]).first()
+        if found is None:
+            raise NotFound(f"No capability {self.kwargs['pk']}.")
+        return found
+
+    @extend_schema(request=CapabilityGrantSerializer, responses={201: CapabilitySerializer})
+    def create(self, request):
+        principal = principal_of(request)
+        if principal.role not in capabilities.GRANTOR_ROLES:
+            raise NotPermitted("Only an admin grants capabilities.")
+        body = _valid(CapabilityGrantSerializer, request)
+        target = Principal.objects.filter(
+            tenant_id=principal.tenant_id, name=body["principal"]
+        ).first()
+        if target is None:
+            raise NotFound(f"No principal {body['principal']}.")
+        grant = capabilities.capability_grant(
+            granted_by=principal.label,
+            principal=target,
+            effect_types=body["effect_types"],
+            resource_selector=body["resource_selector"],
+            budget_count=body.get("budget_count"),
+            budget_amount=body.get("budget_amount"),
+            budget_currency=body["budget_currency"],
+            expires_in=body.get("expires_in"),
+        )
+        return Response(CapabilitySerializer(grant).data, status=http.HTTP_201_CREATED)
+
+    @extend_schema(request=ReasonSerializer, responses=CapabilitySerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        grant = self.get_object()
+        body = _valid(ReasonSerializer, request)
+        grant = capabilities.capability_revoke(
+            capability=grant, principal=principal_of(request), reason=body.get("reason", "")
+        )
+        return Response(CapabilitySerializer(grant).data)
+
+
+class EffectTypeFreezeView(APIView):
+    """POST /api/v1/effect-types/{type}/freeze|unfreeze — stop or restart a whole type."""
+
+    @extend_schema(request=ReasonSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, effect_type: str, verb: str) -> Response:
+        if effect_type not in CONTRACTS:
+            raise NotFound(f"No effect type {effect_type}.")
+        principal = principal_of(request)
+        body = _valid(ReasonSerializer, request)
+        changed = capabilities.effect_type_set_frozen(
+            tenant_id=principal.tenant_id,
+            effect_type=effect_type,
+            principal=principal,
+            frozen=verb == "freeze",
+            reason=body.get("reason", ""),
+        )
+        return Response({"type": effect_type, "frozen": verb == "freeze", "changed": changed})
+
+
+class PrincipalFreezeView(APIView):
+    """POST /api/v1/principals/{name}/freeze|unfreeze — stop everything a principal does."""
+
+    @extend_schema(request=ReasonSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, name: str, verb: str) -> Response:
+        principal = principal_of(request)
+        target = Principal.objects.filter(tenant_id=principal.tenant_id, name=name).first()
+        if target is None:
+            raise NotFound(f"No principal {name}.")
+        capabilities.principal_set_frozen(
+            target=target, principal=principal, frozen=verb == "freeze"
+        )
+        return Response({"principal": name, "frozen": target.frozen})

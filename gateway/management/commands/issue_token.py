@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from gateway.api.auth import token_create
+from gateway.capabilities import capability_grant
 from gateway.choices import Role
 from gateway.models import Principal, Tenant
 
@@ -22,10 +23,33 @@ class Command(BaseCommand):
         parser.add_argument("--principal", required=True, help="principal name, e.g. refund-bot")
         parser.add_argument("--role", required=True, choices=Role.values)
         parser.add_argument("--password", help="also allow console login with this password")
+        grant = parser.add_argument_group(
+            "agent capability",
+            "An agent acts under a grant. Without these options a new agent gets one for "
+            "every effect type and resource, with no budget and no expiry.",
+        )
+        grant.add_argument("--types", help="comma-separated type patterns, e.g. 'ticket.*'")
+        grant.add_argument("--resources", default="*", help="e.g. 'order:ord_*'")
+        grant.add_argument("--budget-count", type=int, help="at most this many commands")
+        grant.add_argument("--budget-amount", type=int, help="total amount (minor units)")
+        grant.add_argument("--currency", default="", help="currency of --budget-amount")
+        grant.add_argument("--expires-in", type=int, help="seconds until the grant expires")
 
     @transaction.atomic
     def handle(
-        self, *args, tenant: str, principal: str, role: str, password: str | None, **options
+        self,
+        *args,
+        tenant: str,
+        principal: str,
+        role: str,
+        password: str | None,
+        types: str | None = None,
+        resources: str = "*",
+        budget_count: int | None = None,
+        budget_amount: int | None = None,
+        currency: str = "",
+        expires_in: int | None = None,
+        **options,
     ):
         tenant_obj, tenant_created = Tenant.objects.get_or_create(
             slug=tenant, defaults={"name": tenant}
@@ -52,6 +76,22 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{'Created' if created else 'Found'} principal {principal}@{tenant} ({role})."
         )
+        scoped = types or budget_count or budget_amount or expires_in or resources != "*"
+        if role == Role.AGENT and (created or scoped):
+            capability = capability_grant(
+                granted_by="issue_token",
+                principal=principal_obj,
+                effect_types=[t.strip() for t in (types or "*").split(",") if t.strip()],
+                resource_selector=resources,
+                budget_count=budget_count,
+                budget_amount=budget_amount,
+                budget_currency=currency.upper(),
+                expires_in=expires_in,
+            )
+            self.stdout.write(
+                f"Granted capability {capability.pk}: types {capability.effect_types}, "
+                f"resources {capability.resource_selector}."
+            )
         if password:
             self.stdout.write(f"Console login: {principal}@{tenant}")
         self.stdout.write(token_create(principal=principal_obj))

@@ -1,0 +1,184 @@
+"""Capabilities (what an agent may do, within which budget, until when) and freezes.
+
+Checked twice: at submission, where the budget is *reserved* with one conditional UPDATE
+(concurrent submissions cannot overspend it: PostgreSQL re-evaluates the WHERE clause on the
+row it waited for), and again at dispatch, where a grant revoked or expired since, a frozen
+principal or a frozen effect type stops the command before any byte is sent.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from fnmatch import fnmatchcase
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from gateway.choices import Role
+from gateway.contracts import EffectContract
+from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
+from gateway.lib.ids import new_id
+from gateway.models import Capability, Command, EffectTypeFreeze, Principal
+
+GRANTOR_ROLES = frozenset({Role.ADMIN})
+FREEZER_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+
+
+def _matches(capability: Capability, effect_type: str, resource: dict[str, Any]) -> bool:
+    target = f"{resource.get('type')}:{resource.get('id')}"
+    return any(fnmatchcase(effect_type, p) for p in capability.effect_types) and fnmatchcase(
+        target, capability.resource_selector or "*"
+    )
+
+
+def _live(now) -> Q:
+    return Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+
+
+def capability_reserve(
+    *, principal: Principal, contract: EffectContract, resource: dict, payload: dict
+) -> tuple[Capability | None, int]:
+    """The grant this submission runs under, with its budget share reserved.
+
+    Agents need a live grant that matches the type and resource and has budget left;
+    people (operators, admins) act under their role. Raises NotPermitted otherwise.
+    Runs inside the submission's transaction: a rolled-back submission returns the budget.
+    """
+    if principal.role != Role.AGENT:
+        return None, 0
+    now = timezone.now()
+    amount = payload.get("amount") if isinstance(payload.get("amount"), int) else 0
+    currency = payload.get("currency", "")
+    candidates = [
+        cap
+        for cap in Capability.objects.filter(_live(now), principal=principal).order_by("created_at")
+        if _matches(cap, contract.type, resource)
+    ]
+    if not candidates:
+        raise NotPermitted(
+            f"No live capability lets {principal.name} submit {contract.type} on "
+            f"{resource.get('type')}:{resource.get('id')}. Ask an admin for a grant."
+        )
+    for cap in candidates:
+        if amount and cap.budget_amount is not None and cap.budget_currency not in ("", currency):
+            continue
+        # Compare-and-set on the budget against concurrent submissions under this grant.
+        budget = Q(budget_count__isnull=True) | Q(spent_count__lt=F("budget_count"))
+        if amount and cap.budget_amount is not None:
+            budget &= Q(spent_amount__lte=F("budget_amount") - amount)
+        reserved = Capability.objects.filter(_live(now), budget, pk=cap.pk).update(
+            spent_count=F("spent_count") + 1,
+            spent_amount=F("spent_amount") + (amount if cap.budget_amount is not None else 0),
+        )
+        if reserved:
+            return cap, amount if cap.budget_amount is not None else 0
+    raise NotPermitted(
+        f"The budget of {principal.name}'s capability for {contract.type} is spent "
+        f"(or does not cover {amount} {currency})."
+    )
+
+
+def capability_release(command: Command) -> None:
+    """Give a never-sent command's reservation back to its grant (cancelled, expired,
+    rejected before dispatch). Called once, when the effect reaches that end."""
+    if command.capability_id is None:
+        return
+    Capability.objects.filter(pk=command.capability_id).update(
+        spent_count=F("spent_count") - 1, spent_amount=F("spent_amount") - command.budget_amount
+    )
+
+
+def dispatch_blocker(command: Command, *, now) -> tuple[str, bool] | None:
+    """Why this command may not be sent now, and whether that is final.
+
+    Final (the command is REJECTED, never sent): its grant was revoked or expired.
+    Not final (it waits): its principal or its effect type is frozen.
+    """
+    principal = command.requested_by
+    if principal.frozen:
+        return f"principal {principal.name} is frozen", False
+    if EffectTypeFreeze.objects.filter(tenant_id=command.tenant_id, type=command.type).exists():
+        return f"effect type {command.type} is frozen", False
+    if command.capability_id:
+        cap = Capability.objects.get(pk=command.capability_id)
+        if cap.revoked_at is not None:
+            return f"capability {cap.pk} was revoked: {cap.revoked_reason or 'no reason'}", True
+        if cap.expires_at is not None and cap.expires_at <= now:
+            return f"capability {cap.pk} expired at {cap.expires_at.isoformat()}", True
+    return None
+
+
+def capability_grant(
+    *,
+    granted_by: str,
+    principal: Principal,
+    effect_types: list[str],
+    resource_selector: str = "*",
+    budget_count: int | None = None,
+    budget_amount: int | None = None,
+    budget_currency: str = "",
+    expires_in: int | None = None,
+) -> Capability:
+    if principal.role != Role.AGENT:
+        raise ValidationProblem(
+            "Capabilities are granted to agents.", errors={"principal": ["not an agent"]}
+        )
+    if not effect_types or not all(isinstance(p, str) and p for p in effect_types):
+        raise ValidationProblem(
+            "Name the effect types (patterns allowed).", errors={"effect_types": ["required"]}
+        )
+    return Capability.objects.create(
+        id=new_id("cap"),
+        tenant_id=principal.tenant_id,
+        principal=principal,
+        effect_types=effect_types,
+        resource_selector=resource_selector or "*",
+        budget_count=budget_count,
+        budget_amount=budget_amount,
+        budget_currency=budget_currency,
+        expires_at=timezone.now() + timedelta(seconds=expires_in) if expires_in else None,
+        created_by=granted_by,
+    )
+
+
+def capability_revoke(*, capability: Capability, principal: Principal, reason: str) -> Capability:
+    if principal.role not in FREEZER_ROLES:
+        raise NotPermitted(f"A principal with role {principal.role} cannot revoke grants.")
+    changed = Capability.objects.filter(pk=capability.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), revoked_reason=reason or f"revoked by {principal.name}"
+    )
+    if not changed:
+        raise InvalidTransition(f"Capability {capability.pk} is already revoked.")
+    capability.refresh_from_db()
+    return capability
+
+
+def effect_type_set_frozen(
+    *, tenant_id: int, effect_type: str, principal: Principal, frozen: bool, reason: str = ""
+) -> bool:
+    """Freeze or unfreeze a whole effect type for a tenant; True when something changed."""
+    if principal.role not in FREEZER_ROLES:
+        raise NotPermitted(f"A principal with role {principal.role} cannot freeze effect types.")
+    if frozen:
+        try:
+            with transaction.atomic():
+                EffectTypeFreeze.objects.create(
+                    tenant_id=tenant_id, type=effect_type, reason=reason, frozen_by=principal
+                )
+        except IntegrityError:
+            return False
+        return True
+    deleted, _ = EffectTypeFreeze.objects.filter(tenant_id=tenant_id, type=effect_type).delete()
+    return bool(deleted)
+
+
+def principal_set_frozen(*, target: Principal, principal: Principal, frozen: bool) -> Principal:
+    if principal.role not in FREEZER_ROLES:
+        raise NotPermitted(f"A principal with role {principal.role} cannot freeze principals.")
+    if target.tenant_id != principal.tenant_id:
+        raise NotFound(f"No principal {target.name}.")
+    Principal.objects.filter(pk=target.pk).update(frozen=frozen)
+    target.frozen = frozen
+    return target

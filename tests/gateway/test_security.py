@@ -1,0 +1,381 @@
+"""Issue 4: approvals bound to digests, capabilities, freezes, sealed payloads, an audit trail
+the database refuses to rewrite, and the usual (hashed tokens, throttling, headers)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from cryptography.fernet import Fernet
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from gateway import services
+from gateway.contracts import CONTRACTS
+from gateway.lib import vault
+from gateway.models import ApiToken, Capability, Command, Effect, EffectEvent
+from tests.conftest import Persona
+
+pytestmark = pytest.mark.django_db
+
+BIG_REFUND = {
+    "type": "billing.refund.create",
+    "resource": {"type": "order", "id": "ord_881", "version": 17},
+    "payload": {"amount": 50_000, "currency": "EUR", "reason": "duplicate charge"},
+}
+
+
+def dispatch(effect_id: str) -> Effect:
+    services.effect_dispatch(effect_id=effect_id, worker="test")
+    return Effect.objects.get(pk=effect_id)
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+
+def test_an_agent_can_never_approve(agent, other_agent, sandbox):
+    effect = agent.submit(BIG_REFUND, "big").json()
+    response = other_agent.client.post(
+        f"/api/v1/effects/{effect['effect_id']}/approve",
+        {"payload_digest": effect["payload_digest"]},
+        format="json",
+    )
+    assert response.status_code == 403
+    assert Effect.objects.get(pk=effect["effect_id"]).status == "AWAITING_APPROVAL"
+
+
+def test_an_approval_expires_before_a_late_dispatch(agent, approver, sandbox, settings):
+    effect = agent.submit(BIG_REFUND, "big").json()
+    approver.client.post(
+        f"/api/v1/effects/{effect['effect_id']}/approve",
+        {"payload_digest": effect["payload_digest"]},
+        format="json",
+    )
+    # The effect sat (frozen, say) longer than an approval lives.
+    Effect.objects.filter(pk=effect["effect_id"]).update(
+        approved_at=timezone.now() - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL + 5)
+    )
+    late = dispatch(effect["effect_id"])
+    assert late.status == "AWAITING_APPROVAL"
+    assert late.approval_state == "expired"
+    assert sandbox.log() == []
+    again = approver.client.post(
+        f"/api/v1/effects/{effect['effect_id']}/approve",
+        {"payload_digest": effect["payload_digest"]},
+        format="json",
+    )
+    assert again.status_code == 200
+    assert dispatch(effect["effect_id"]).status == "CONFIRMED"
+    assert len(sandbox.operations()) == 1
+
+
+def test_a_new_plan_revision_is_a_new_command_needing_its_own_approval(agent, approver, sandbox):
+    first = agent.submit({**BIG_REFUND, "intent": {"plan_revision": 1}}, "refund:ord_881:v1")
+    approver.client.post(
+        f"/api/v1/effects/{first.json()['effect_id']}/approve",
+        {"payload_digest": first.json()["payload_digest"]},
+        format="json",
+    )
+    revised = {
+        **BIG_REFUND,
+        "payload": {**BIG_REFUND["payload"], "amount": 60_000},
+        "intent": {"plan_revision": 2},
+    }
+    second = agent.submit(revised, "refund:ord_881:v2")
+    assert second.status_code == 201
+    assert second.json()["status"] == "AWAITING_APPROVAL"
+    assert second.json()["approval"]["state"] == "pending"
+
+
+# --- capabilities ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scoped_agent(db) -> Persona:
+    from tests.conftest import issue_token
+
+    issue_token("acme", "ticket-bot", "agent")
+    Capability.objects.filter(principal__name="ticket-bot").delete()
+    persona = Persona("acme", "ticket-bot", "agent")
+    Capability.objects.filter(principal=persona.principal).delete()
+    return persona
+
+
+def grant(persona: Persona, **kwargs) -> Capability:
+    from gateway.capabilities import capability_grant
+
+    return capability_grant(granted_by="test", principal=persona.principal, **kwargs)
+
+
+TICKET = {
+    "type": "ticket.create",
+    "resource": {"type": "queue", "id": "support"},
+    "payload": {"title": "x", "priority": "P3"},
+}
+
+
+def test_an_agent_without_a_grant_is_refused(scoped_agent):
+    response = scoped_agent.submit(TICKET, "t1")
+    assert response.status_code == 403
+    assert "capability" in response.json()["detail"]
+    assert Command.objects.count() == 0
+
+
+def test_grants_are_scoped_by_type_and_resource(scoped_agent):
+    grant(scoped_agent, effect_types=["ticket.*"], resource_selector="queue:support")
+    assert scoped_agent.submit(TICKET, "t1").status_code == 201
+    other_queue = {**TICKET, "resource": {"type": "queue", "id": "billing"}}
+    assert scoped_agent.submit(other_queue, "t2").status_code == 403
+    assert scoped_agent.submit(BIG_REFUND, "r1").status_code == 403
+
+
+def test_a_count_budget_is_spent_and_then_refused(scoped_agent):
+    cap = grant(scoped_agent, effect_types=["ticket.create"], budget_count=2)
+    assert scoped_agent.submit(TICKET, "t1").status_code == 201
+    assert scoped_agent.submit(TICKET, "t1").status_code == 200  # a replay spends nothing
+    assert scoped_agent.submit(TICKET, "t2").status_code == 201
+    refused = scoped_agent.submit(TICKET, "t3")
+    assert refused.status_code == 403 and "budget" in refused.json()["detail"]
+    cap.refresh_from_db()
+    assert cap.spent_count == 2
+
+
+def test_an_amount_budget_counts_the_payload_amount(scoped_agent):
+    cap = grant(
+        scoped_agent,
+        effect_types=["billing.refund.create"],
+        budget_amount=1000,
+        budget_currency="EUR",
+    )
+    small = {**BIG_REFUND, "payload": {**BIG_REFUND["payload"], "amount": 600}}
+    assert scoped_agent.submit(small, "r1").status_code == 201
+    assert scoped_agent.submit(small, "r2").status_code == 403
+    cap.refresh_from_db()
+    assert cap.spent_amount == 600
+
+
+def test_a_grant_revoked_between_approval_and_dispatch_stops_it(
+    scoped_agent, approver, operator, sandbox
+):
+    cap = grant(
+        scoped_agent, effect_types=["billing.*"], budget_amount=100_000, budget_currency="EUR"
+    )
+    effect = scoped_agent.submit(BIG_REFUND, "big").json()
+    approver.client.post(
+        f"/api/v1/effects/{effect['effect_id']}/approve",
+        {"payload_digest": effect["payload_digest"]},
+        format="json",
+    )
+    revoked = operator.client.post(
+        f"/api/v1/capabilities/{cap.pk}/revoke", {"reason": "agent misbehaving"}, format="json"
+    )
+    assert revoked.status_code == 200
+    stopped = dispatch(effect["effect_id"])
+    assert stopped.status == "REJECTED"  # never sent, so never UNKNOWN
+    assert sandbox.log() == []
+    assert (
+        EffectEvent.objects.filter(effect_id=effect["effect_id"], kind="authorisation_lost").count()
+        == 1
+    )
+    cap.refresh_from_db()
+    assert (cap.spent_count, cap.spent_amount) == (0, 0)  # the reservation came back
+
+
+def test_an_expired_grant_stops_dispatch(scoped_agent, sandbox):
+    cap = grant(scoped_agent, effect_types=["ticket.*"])
+    effect_id = scoped_agent.submit(TICKET, "t1").json()["effect_id"]
+    Capability.objects.filter(pk=cap.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert dispatch(effect_id).status == "REJECTED"
+    assert sandbox.log() == []
+
+
+def test_a_frozen_effect_type_waits_and_goes_after_unfreeze(agent, operator, sandbox):
+    url = "/api/v1/effect-types/ticket.create"
+    assert agent.client.post(f"{url}/freeze").status_code == 403
+    assert (
+        operator.client.post(
+            f"{url}/freeze", {"reason": "provider incident"}, format="json"
+        ).json()["frozen"]
+        is True
+    )
+    effect_id = agent.submit(TICKET, "t1").json()["effect_id"]
+    assert dispatch(effect_id).status == "PREPARED"
+    assert sandbox.log() == []
+    operator.client.post(f"{url}/unfreeze")
+    assert dispatch(effect_id).status == "CONFIRMED"
+
+
+def test_a_frozen_principal_dispatches_nothing(agent, operator, sandbox):
+    effect_id = agent.submit(TICKET, "t1").json()["effect_id"]
+    frozen = operator.client.post("/api/v1/principals/refund-bot/freeze")
+    assert frozen.json() == {"principal": "refund-bot", "frozen": True}
+    assert dispatch(effect_id).status == "PREPARED"
+    assert agent.submit(TICKET, "t2").status_code == 403
+    operator.client.post("/api/v1/principals/refund-bot/unfreeze")
+    assert dispatch(effect_id).status == "CONFIRMED"
+
+
+def test_only_admins_grant(operator, admin):
+    body = {"principal": "refund-bot", "effect_types": ["ticket.*"], "budget_count": 3}
+    Persona("acme", "refund-bot", "agent")
+    assert operator.client.post("/api/v1/capabilities", body, format="json").status_code == 403
+    created = admin.client.post("/api/v1/capabilities", body, format="json")
+    assert created.status_code == 201
+    assert created.json()["budget_count"] == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_concurrent_submissions_never_overspend_a_budget(scoped_agent):
+    from tests.gateway.test_concurrency import run_in_threads
+
+    cap = grant(
+        scoped_agent,
+        effect_types=["billing.refund.create"],
+        budget_amount=5_000,
+        budget_currency="EUR",
+        budget_count=100,
+    )
+    refund = {**BIG_REFUND, "payload": {**BIG_REFUND["payload"], "amount": 1_000}}
+    codes = run_in_threads(20, lambda i: scoped_agent.submit(refund, f"r{i}").status_code)
+    assert sorted(codes) == [201] * 5 + [403] * 15
+    cap.refresh_from_db()
+    assert (cap.spent_count, cap.spent_amount) == (5, 5_000)
+    assert Command.objects.count() == 5
+
+
+# --- personal data ----------------------------------------------------------------------------
+
+EMAIL = {"type": "email.message.send", **CONTRACTS["email.message.send"].example}
+
+
+def test_personal_fields_are_unreadable_in_the_database_and_absent_from_logs(
+    agent, sandbox, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    effect_id = agent.submit(EMAIL, "mail-1").json()["effect_id"]
+    dispatch(effect_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM gateway_command WHERE effect_id = %s", [effect_id])
+        row = " ".join(str(value) for value in cursor.fetchone())
+    assert "ada@example.com" not in row
+    assert "Your order ord_881 is on its way" not in row
+    logged = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert effect_id in logged
+    assert "ada@example.com" not in logged
+    assert sandbox.operations()[0]["payload"]["to"] == "ada@example.com"
+
+
+def test_vault_key_rotation_reseals_every_payload(agent, settings):
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.GATEWAY_VAULT_KEY = old
+    vault._fernet.cache_clear()
+    try:
+        effect_id = agent.submit(EMAIL, "mail-1").json()["effect_id"]
+        before = Command.objects.get(pk=effect_id).payload_sealed
+        settings.GATEWAY_VAULT_KEY = f"{new},{old}"
+        vault._fernet.cache_clear()
+        call_command("rotate_vault_key", stdout=open("/dev/null", "w"))  # noqa: SIM115
+        settings.GATEWAY_VAULT_KEY = new  # the old key is gone
+        vault._fernet.cache_clear()
+        command = Command.objects.get(pk=effect_id)
+        assert command.payload_sealed != before
+        assert services.command_payload(command)["to"] == "ada@example.com"
+    finally:
+        vault._fernet.cache_clear()
+
+
+# --- the audit trail --------------------------------------------------------------------------
+
+
+def test_the_chain_verifies_and_a_forged_event_is_reported(agent, sandbox, capsys):
+    effect_id = agent.submit(TICKET, "t1").json()["effect_id"]
+    dispatch(effect_id)
+    call_command("verify_audit")
+    assert "acme: chain intact" in capsys.readouterr().out
+    forged = EffectEvent.objects.filter(effect_id=effect_id, kind="dispatched").get()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET session_replication_role = replica")  # triggers off
+        cursor.execute(
+            "UPDATE gateway_effectevent SET to_status = 'REJECTED' WHERE id = %s", [forged.pk]
+        )
+        if connection.vendor == "postgresql":
+            cursor.execute("SET session_replication_role = DEFAULT")
+    with pytest.raises(CommandError):
+        call_command("verify_audit")
+    out = capsys.readouterr().out
+    assert f"BROKEN at event {forged.pk}" in out
+    assert "altered" in out
+
+
+def test_removing_the_last_event_is_reported(agent, sandbox, capsys):
+    effect_id = agent.submit(TICKET, "t1").json()["effect_id"]
+    dispatch(effect_id)
+    last = EffectEvent.objects.filter(effect_id=effect_id).order_by("-id").first()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET session_replication_role = replica")
+        cursor.execute("DELETE FROM gateway_effectevent WHERE id = %s", [last.pk])
+        if connection.vendor == "postgresql":
+            cursor.execute("SET session_replication_role = DEFAULT")
+    with pytest.raises(CommandError):
+        call_command("verify_audit")
+    assert "removed from the end" in capsys.readouterr().out
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE gateway_effectevent SET reason = 'nothing happened'",
+        "DELETE FROM gateway_effectevent",
+        "UPDATE gateway_receipt SET provider_status = 'failed'",
+        "DELETE FROM gateway_receipt",
+        "UPDATE gateway_command SET payload_digest = 'sha256:00'",
+        "DELETE FROM gateway_command",
+    ],
+)
+def test_the_database_refuses_to_rewrite_history(agent, sandbox, statement):
+    dispatch(agent.submit(TICKET, "t1").json()["effect_id"])
+    with pytest.raises(DatabaseError, match="append-only|frozen"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+    assert EffectEvent.objects.count() == 3
+
+
+# --- the usual ----------------------------------------------------------------------------------
+
+
+def test_tokens_are_stored_only_as_hashes(agent):
+    rows = list(ApiToken.objects.values_list("prefix", "token_hash"))
+    assert rows and all(agent.token not in value for row in rows for value in row)
+    assert any(agent.token.startswith(prefix) for prefix, _ in rows)
+
+
+def test_a_token_over_its_rate_gets_429(agent, settings):
+    from django.core.cache import cache
+    from rest_framework.throttling import SimpleRateThrottle
+
+    cache.clear()
+    rates = {**SimpleRateThrottle.THROTTLE_RATES, "token": "3/min"}
+    original = SimpleRateThrottle.THROTTLE_RATES
+    SimpleRateThrottle.THROTTLE_RATES = rates
+    try:
+        codes = [agent.client.get("/api/v1/effects").status_code for _ in range(4)]
+        assert codes == [200, 200, 200, 429]
+        limited = agent.client.get("/api/v1/effects")
+        assert limited.headers["Content-Type"] == "application/problem+json"
+        assert int(limited.headers["Retry-After"]) > 0
+    finally:
+        SimpleRateThrottle.THROTTLE_RATES = original
+        cache.clear()
+
+
+def test_security_headers(agent):
+    response = agent.client.get("/api/v1/effects")
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["Referrer-Policy"] == "same-origin"
