@@ -340,9 +340,12 @@ def test_removing_the_last_event_is_reported(agent, sandbox, capsys):
 )
 def test_the_database_refuses_to_rewrite_history(agent, sandbox, statement):
     dispatch(agent.submit(TICKET, "t1").json()["effect_id"])
-    with pytest.raises(DatabaseError, match="append-only|frozen"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(statement)
+    with (
+        pytest.raises(DatabaseError, match=r"append-only|frozen"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(statement)
     assert EffectEvent.objects.count() == 3
 
 
