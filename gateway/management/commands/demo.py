@@ -208,8 +208,10 @@ class Command(BaseCommand):
             f"  API docs   {base}api/docs/",
         ]
         if token is not None:
-            lines.append(f"  Logins     (tenant {DEMO_TENANT!r})")
-            lines += [f"    {name:<6} / {pw:<15} {role}" for name, role, pw in LOGINS]
+            lines.append("  Logins     (username / password)")
+            lines += [
+                f"    {f'{name}@{DEMO_TENANT}':<12} / {pw:<15} {role}" for name, role, pw in LOGINS
+            ]
             lines += [
                 f"  Agent token ({AGENT}):",
                 f"    {token}",
