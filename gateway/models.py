@@ -210,6 +210,8 @@ class Command(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant", "resource_type", "resource_id"]),
+            # Provider webhooks find the command by the key they were sent.
+            models.Index(fields=["provider", "provider_key"], name="command_provider_key"),
             # A saga's steps; most commands have no saga, so only those rows are indexed.
             models.Index(fields=["saga_id"], name="command_saga", condition=~Q(saga_id="")),
         ]

@@ -688,6 +688,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         budget = contract.recovery.max_dispatch_attempts if contract else 1
         if effect.attempt_count >= budget:
             if effect.next_dispatch_at is not None:
+                audit.lock_chain(effect.tenant_id)  # chain head before the row
                 Effect.objects.filter(pk=effect.pk, status=effect.status).update(
                     next_dispatch_at=None, escalated=True, updated_at=now
                 )

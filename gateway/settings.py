@@ -238,6 +238,17 @@ try:
     }
 except json.JSONDecodeError as exc:
     raise ImproperlyConfigured(f"GATEWAY_PROVIDER_URLS is not a JSON object: {exc}") from None
+# HMAC secrets of POST /hooks/providers/{name}: JSON object, provider name -> secret.
+try:
+    GATEWAY_WEBHOOK_SECRETS: dict[str, str] = json.loads(
+        os.environ.get("GATEWAY_WEBHOOK_SECRETS", "{}")
+    )
+except json.JSONDecodeError as exc:
+    raise ImproperlyConfigured(f"GATEWAY_WEBHOOK_SECRETS is not a JSON object: {exc}") from None
+if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
+    isinstance(value, str) and value for value in GATEWAY_WEBHOOK_SECRETS.values()
+):
+    raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
 GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
 GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gateway import health
+from reconciliation import views as reconciliation_views
 
 urlpatterns = [
     path("api/v1/", include("gateway.api.urls")),
@@ -10,7 +11,10 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", reconciliation_views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("", include("reconciliation.urls")),
+    path("", include("gateway.console_urls")),
 ]
 
 handler404 = "gateway.health.handler404"

@@ -6,3 +6,8 @@ class ReconciliationConfig(AppConfig):
 
     name = "reconciliation"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from reconciliation.metrics import register_collector
+
+        register_collector()

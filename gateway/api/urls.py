@@ -1,13 +1,25 @@
-from django.urls import path
+from django.urls import include, path, re_path
 from rest_framework.routers import SimpleRouter
 
 from gateway.api import views
 
 router = SimpleRouter(trailing_slash=False)
 router.register("effects", views.EffectViewSet, basename="effect")
+router.register("capabilities", views.CapabilityViewSet, basename="capability")
 
 urlpatterns = [
     path("commands", views.CommandSubmitView.as_view(), name="command-submit"),
     path("effect-types", views.EffectTypesView.as_view(), name="effect-types"),
+    re_path(
+        r"^effect-types/(?P<effect_type>[a-z0-9_.]+)/(?P<verb>freeze|unfreeze)$",
+        views.EffectTypeFreezeView.as_view(),
+        name="effect-type-freeze",
+    ),
+    re_path(
+        r"^principals/(?P<name>[^/]+)/(?P<verb>freeze|unfreeze)$",
+        views.PrincipalFreezeView.as_view(),
+        name="principal-freeze",
+    ),
     *router.urls,
+    path("", include("reconciliation.api.urls")),
 ]

@@ -1,0 +1,55 @@
+"""Reads of reconciliation (STYLE 4): the human queue and the evidence, scoped by tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import QuerySet
+
+from gateway.errors import NotFound
+from gateway.models import Effect, Principal
+from reconciliation.choices import UNRESOLVED
+from reconciliation.models import Case, ReconciliationRecord
+
+
+def cases_for_principal(principal: Principal) -> QuerySet[Case]:
+    """Cases the principal may see: its tenant's, and no other's."""
+    return Case.objects.filter(tenant_id=principal.tenant_id).select_related(
+        "effect", "acknowledged_by", "resolved_by"
+    )
+
+
+def cases_queue(
+    *,
+    principal: Principal,
+    states: Iterable[str] | None = None,
+    owner: str | None = None,
+    reason: str | None = None,
+) -> QuerySet[Case]:
+    """The human queue: unresolved cases (or the given states), oldest first.
+
+    Unresolved cases of a tenant by age are served by the partial index case_queue.
+    """
+    query = cases_for_principal(principal).filter(state__in=sorted(states or UNRESOLVED))
+    if owner:
+        query = query.filter(owner=owner)
+    if reason:
+        query = query.filter(reason=reason)
+    return query.order_by("opened_at", "id")
+
+
+def case_get(*, principal: Principal, case_id: str) -> Case:
+    case = cases_for_principal(principal).filter(pk=case_id).first()
+    if case is None:
+        # Another tenant's case does not exist for this caller.
+        raise NotFound(f"No case {case_id}.")
+    return case
+
+
+def effect_records(effect: Effect) -> QuerySet[ReconciliationRecord]:
+    """Every lookup and manual resolution of one effect, oldest first."""
+    return effect.reconciliation_records.select_related("principal").order_by("id")
+
+
+def effect_open_case(effect: Effect) -> Case | None:
+    return effect.cases.filter(state__in=sorted(UNRESOLVED)).first()

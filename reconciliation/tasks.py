@@ -1,0 +1,18 @@
+"""Thin Celery tasks (STYLE 10): call one service. A redelivered or overlapping sweep is
+harmless: claims skip locked rows and every write is a compare-and-set."""
+
+from celery import shared_task
+
+from reconciliation import services
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def reconcile_due() -> int:
+    """Beat, every GATEWAY_RECONCILE_INTERVAL: recover leases, then look up what is due."""
+    return services.reconcile_due()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def reconcile_effect(effect_id: str) -> bool:
+    """Look one effect up now (e.g. after an operator's request from the console)."""
+    return services.effect_reconcile(effect_id=effect_id) is not None

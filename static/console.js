@@ -1,0 +1,54 @@
+/* The console's only script besides htmx. No build step: plain ES2017.
+ * - pollAllowed(): polls never redraw a fragment under someone typing in one of its forms,
+ *   and a hidden tab does not poll at all;
+ * - flash messages can be dismissed;
+ * - when the gateway cannot be reached, say so instead of failing silently. */
+(function () {
+  "use strict";
+
+  window.pollAllowed = function (element) {
+    if (document.visibilityState !== "visible") return false;
+    if (!element) return true;
+    var active = document.activeElement;
+    if (active && element.contains(active) && active.closest("form")) return false;
+    // An action form someone opened, or a field someone typed in: keep it in place.
+    if (element.querySelector("details[open]")) return false;
+    var fields = element.querySelectorAll("form input:not([type=hidden]), form textarea");
+    for (var i = 0; i < fields.length; i++) {
+      if (fields[i].value) return false;
+    }
+    return true;
+  };
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest(".flash-close");
+    if (button) button.closest(".flash").remove();
+  });
+
+  function say(text) {
+    var region = document.getElementById("flash");
+    if (!region) return;
+    var message = document.createElement("p");
+    message.className = "flash flash-error";
+    message.setAttribute("role", "alert");
+    message.textContent = text;
+    region.replaceChildren(message);
+  }
+
+  document.addEventListener("htmx:sendError", function () {
+    say("Lost contact with the gateway; the page keeps retrying. An action you just sent " +
+        "may or may not have arrived: reload and check before repeating it.");
+  });
+  document.addEventListener("htmx:responseError", function (event) {
+    say("The gateway failed to answer (HTTP " + event.detail.xhr.status + "). " +
+        "Reload to see the current state before repeating an action.");
+  });
+
+  // After an action replaced a fragment, put keyboard focus back at its heading.
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var config = event.detail.requestConfig;
+    if (!config || config.verb !== "post") return;
+    var heading = event.detail.elt && document.getElementById("effect-heading");
+    if (heading) heading.focus({ preventScroll: true });
+  });
+})();

@@ -1,0 +1,188 @@
+"""Console fixtures: people of two tenants with console logins, and effects in the states the
+console shows. Commands go through ``command_submit`` (the real service); states that take a
+provider to reach are set with direct updates of the ledger row."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from gateway import services
+from gateway.lib.digest import sha256_digest
+from gateway.models import Attempt, Effect, Principal, Receipt, Tenant
+
+PASSWORD = "correct-horse-battery"
+_keys = itertools.count(1)
+
+REFUND = {
+    "type": "billing.refund.create",
+    "resource": {"type": "order", "id": "ord_881", "version": 17},
+    "payload": {"amount": 500, "currency": "EUR", "reason": "duplicate charge"},
+    "intent": {
+        "summary": "refund the duplicate charge of incident 120",
+        "task_id": "task_incident_120",
+        "plan_revision": 1,
+    },
+}
+BIG_REFUND = {**REFUND, "payload": {**REFUND["payload"], "amount": 25_000}}
+TICKET = {
+    "type": "ticket.create",
+    "resource": {"type": "queue", "id": "support"},
+    "payload": {"title": "Printer on fire", "priority": "P2"},
+    "intent": {"summary": "open a ticket"},
+}
+EMAIL = {
+    "type": "email.message.send",
+    "resource": {"type": "customer", "id": "cus_42"},
+    "payload": {"to": "ada@example.com", "subject": "Your order", "body": "It shipped."},
+    "intent": {"summary": "tell Ada her order shipped"},
+}
+SHIPMENT = {
+    "type": "shipment.create",
+    "resource": {"type": "order", "id": "ord_881"},
+    "payload": {
+        "address": {
+            "name": "Ada Lovelace",
+            "line1": "12 St James's Square",
+            "city": "London",
+            "postal_code": "SW1Y 4JH",
+            "country": "GB",
+        },
+        "items": [{"sku": "SKU-RED-MUG", "quantity": 2}],
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Logins are made per test: a deliberately slow hasher would dominate the suite."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def no_broker(monkeypatch):
+    """Submissions and approvals enqueue a dispatch after commit: no broker in these tests."""
+    monkeypatch.setattr(services, "_enqueue_dispatch", lambda effect_id: None)
+
+
+@dataclass
+class Person:
+    """A principal with a console login and a logged-in test client."""
+
+    principal: Principal
+    client: Client
+
+    def htmx(self, method: str, path: str, data: dict | None = None, **extra: Any):
+        call = getattr(self.client, method)
+        return call(path, data or {}, HTTP_HX_REQUEST="true", **extra)
+
+
+def person(tenant: str, name: str, role: str) -> Person:
+    """What ``issue_token --password`` makes (test_login.py runs the command itself)."""
+    tenant_obj, _ = Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})
+    user = get_user_model().objects.create_user(f"{name}@{tenant}", password=PASSWORD)
+    Principal.objects.create(tenant=tenant_obj, name=name, role=role, user=user)
+    principal = Principal.objects.select_related("tenant", "user").get(
+        tenant__slug=tenant, name=name
+    )
+    client = Client()
+    client.force_login(principal.user)
+    return Person(principal, client)
+
+
+@pytest.fixture
+def oscar(db) -> Person:
+    """An operator of acme."""
+    return person("acme", "oscar", "operator")
+
+
+@pytest.fixture
+def alice(db) -> Person:
+    """An approver of acme."""
+    return person("acme", "alice", "approver")
+
+
+@pytest.fixture
+def root(db) -> Person:
+    """An admin of acme (may submit, approve and operate)."""
+    return person("acme", "root", "admin")
+
+
+@pytest.fixture
+def bot(db) -> Person:
+    """An agent of acme that submits the commands (and, here, can log in), with a grant for
+    every type where the gateway has capabilities."""
+    agent = person("acme", "refund-bot", "agent")
+    try:
+        from gateway.capabilities import capability_grant
+    except ImportError:
+        return agent
+    capability_grant(granted_by="test", principal=agent.principal, effect_types=["*"])
+    return agent
+
+
+@pytest.fixture
+def olga(db) -> Person:
+    """An operator of another tenant, globex."""
+    return person("globex", "olga", "operator")
+
+
+def submit(principal: Principal, body: dict = REFUND, **changes: Any) -> Effect:
+    data = {**body, **changes}
+    submission = services.command_submit(
+        principal=principal,
+        idempotency_key=f"console-test-{next(_keys)}",
+        type=data["type"],
+        resource=data["resource"],
+        payload=data["payload"],
+        intent=data.get("intent"),
+    )
+    return Effect.objects.select_related("command").get(pk=submission.effect.pk)
+
+
+def set_state(effect: Effect, **fields: Any) -> Effect:
+    """Put an effect where a provider would have put it (a direct update of the ledger row)."""
+    fields.setdefault("updated_at", timezone.now())
+    Effect.objects.filter(pk=effect.pk).update(**fields)
+    return Effect.objects.select_related("command").get(pk=effect.pk)
+
+
+def add_attempt(effect: Effect, **fields: Any) -> Attempt:
+    now = timezone.now()
+    values = {
+        "number": 1,
+        "fence": 1,
+        "worker": "worker-1:42",
+        "state": "finished",
+        "outcome": "unknown",
+        "http_status": 504,
+        "error": "read timeout after 10 s",
+        "started_at": now - timedelta(seconds=12),
+        "finished_at": now - timedelta(seconds=2),
+        **fields,
+    }
+    return Attempt.objects.create(effect=effect, **values)
+
+
+def add_receipt(effect: Effect, **fields: Any) -> Receipt:
+    result = fields.pop("result", {"refund_id": "re_1", "amount": 500, "currency": "EUR"})
+    values = {
+        "source": "reconciler",
+        "provider": effect.command.provider,
+        "provider_operation_id": "op_01TEST",
+        "provider_status": "succeeded",
+        "payload_digest": effect.command.payload_digest,
+        "digest_matches": True,
+        "result": result,
+        "result_digest": sha256_digest(result),
+        "received_at": timezone.now(),
+        **fields,
+    }
+    return Receipt.objects.create(effect=effect, **values)
