@@ -42,6 +42,9 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 TERMINAL = frozenset(status for status, nexts in ALLOWED_TRANSITIONS.items() if not nexts)
+# Nothing more will happen by itself: confirmed (only a new command can compensate it) or
+# terminal. What a caller waiting for "the outcome" waits for.
+SETTLED = TERMINAL | {S.CONFIRMED}
 # The outcome is not known to the ledger: nothing may be sent until a lookup settles it.
 UNCERTAIN = frozenset({S.UNKNOWN, S.DISPATCHING})
 # Statuses from which the dispatcher may claim an effect and send it.

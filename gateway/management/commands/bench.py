@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from gateway.choices import TERMINAL, EffectStatus
+from gateway.choices import SETTLED, EffectStatus
 from gateway.models import Effect
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
@@ -219,7 +219,7 @@ class Command(BaseCommand):
         submitted = time.perf_counter() - started
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            open_count = Effect.objects.filter(pk__in=ids).exclude(status__in=TERMINAL).count()
+            open_count = Effect.objects.filter(pk__in=ids).exclude(status__in=SETTLED).count()
             if open_count == 0:
                 break
             time.sleep(0.2)
