@@ -49,7 +49,9 @@ def test_compensation_is_a_new_command_and_settles_the_original(agent, sandbox):
     assert len(sandbox.operations(type="inventory.reservation.create")) == 1
     assert len(sandbox.operations(type="inventory.reservation.release")) == 1
     assert Command.objects.count() == 2
-    kinds = list(EffectEvent.objects.filter(effect_id=original).values_list("kind", flat=True))
+    kinds = list(
+        EffectEvent.objects.filter(effect_id=original).order_by("id").values_list("kind", flat=True)
+    )
     assert kinds[-2:] == ["compensation_issued", "compensation_settled"]
 
 

@@ -54,7 +54,9 @@ def test_success_is_confirmed_with_a_receipt(sandbox, agent, ticket_body):
     assert receipt.payload_digest == effect.command.payload_digest
     attempt = Attempt.objects.get(effect=effect)
     assert attempt.state == AttemptState.FINISHED and attempt.outcome == "confirmed"
-    kinds = list(EffectEvent.objects.filter(effect=effect).values_list("kind", "to_status"))
+    kinds = list(
+        EffectEvent.objects.filter(effect=effect).order_by("id").values_list("kind", "to_status")
+    )
     assert kinds == [
         ("submitted", "PREPARED"),
         ("claimed", "DISPATCHING"),

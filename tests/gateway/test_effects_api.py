@@ -175,7 +175,11 @@ def test_freeze_and_unfreeze_are_operator_actions(agent, operator, ticket_body):
     )
     assert frozen.json()["frozen"] is True
     assert operator.client.post(f"/api/v1/effects/{effect_id}/unfreeze").json()["frozen"] is False
-    kinds = EffectEvent.objects.filter(effect_id=effect_id).values_list("kind", flat=True)
+    kinds = (
+        EffectEvent.objects.filter(effect_id=effect_id)
+        .order_by("id")
+        .values_list("kind", flat=True)
+    )
     assert list(kinds) == ["submitted", "frozen", "unfrozen"]
 
 
