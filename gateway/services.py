@@ -48,6 +48,7 @@ from gateway.errors import (
     ValidationProblem,
 )
 from gateway.lib.digest import payload_digest, sha256_digest
+from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import open_json, seal_json
 from gateway.models import Attempt, Command, Effect, EffectEvent, Principal, Receipt
 from gateway.providers.base import CallResult, ExecuteRequest
@@ -863,6 +864,7 @@ def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
     claim = effect_claim(effect_id=effect_id, worker=worker)
     if claim is None:
         return False
+    failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     effect = Effect.objects.select_related("command").get(pk=effect_id)
     contract = get_contract(effect.type)
     assert contract is not None, f"no contract for {effect.type}"
@@ -875,7 +877,9 @@ def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
         # whether it committed before deciding anything (query first, never a blind retry).
         result = _settle_by_lookup(adapter, request, contract, result)
     _observe_dispatch(effect.type, result, (timezone.now() - started).total_seconds())
+    failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
     effect_record_outcome(claim=claim, result=result, worker=worker)
+    failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
     return True
 
 

@@ -47,13 +47,17 @@ def child_env(**extra: str) -> dict[str, str]:
 class Celery:
     """A ``celery -A gateway worker`` (or beat) process on a queue of its own."""
 
-    def __init__(self, kind: str, queue: str, log: Path, **env: str) -> None:
+    def __init__(
+        self, kind: str, queue: str, log: Path, *, pool: str = "prefork", **env: str
+    ) -> None:
         self.kind = kind
         self.queue = queue
         self.log = log
         args = [sys.executable, "-m", "celery", "-A", "gateway", kind, "--loglevel", "INFO"]
         if kind == "worker":
             args += [
+                "--pool",
+                pool,
                 "--concurrency",
                 "2",
                 "--prefetch-multiplier",
@@ -68,7 +72,7 @@ class Celery:
             ]
         else:
             args += ["--schedule", str(log.with_suffix(".schedule"))]
-        self.handle = log.open("wb")
+        self.handle = log.open("ab")
         self.process = subprocess.Popen(
             args,
             cwd=ROOT,

@@ -1,0 +1,43 @@
+"""Failpoints: named places where a test can make this process die, to prove recovery.
+
+Inert unless ``GATEWAY_FAILPOINTS`` is set, e.g. ``dispatch.after_call=2,dispatch.after_claim=1``:
+each named point then kills the process with SIGKILL — no cleanup, no ack, exactly like a
+machine losing power — the first N times any process reaches it. The count lives in files
+under ``<var>/failpoints/`` so that it survives the deaths it causes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from functools import cache
+from pathlib import Path
+
+from django.conf import settings
+
+
+@cache
+def _budget() -> dict[str, int]:
+    raw = os.environ.get("GATEWAY_FAILPOINTS", "")
+    budget: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, _, times = item.partition("=")
+        budget[name] = int(times or 1)
+    return budget
+
+
+def failpoint(name: str) -> None:
+    times = _budget().get(name)
+    if not times:
+        return
+    folder = Path(os.environ.get("GATEWAY_FAILPOINT_DIR") or Path(settings.VAR_DIR) / "failpoints")
+    folder.mkdir(parents=True, exist_ok=True)
+    tally = folder / name
+    # O_APPEND writes of one byte are atomic: concurrent processes count correctly.
+    fd = os.open(tally, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+    if tally.stat().st_size <= times:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,130 @@
+"""The crash checker: run effects through real worker and beat processes while workers are
+SIGKILLed at failpoints and the sandbox injects faults, let the system recover by itself, then
+compare the sandbox's operation log (the oracle) with the ledger."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.db import connection
+
+from gateway.choices import SETTLED
+from gateway.models import Effect
+from gateway.providers.sandbox import SandboxProvider
+from reconciliation.models import Case
+from tests.support.processes import Celery
+
+# Fast clocks for the children, so recovery takes seconds instead of minutes.
+RECOVERY_ENV = {
+    "GATEWAY_DISPATCH_LEASE": "3",
+    "GATEWAY_PROVIDER_TIMEOUT": "1.5",
+    "GATEWAY_RECONCILE_INTERVAL": "1",
+    "GATEWAY_RECONCILE_BACKOFF": "0.5",
+    "GATEWAY_SWEEP_INTERVAL": "1",
+    "GATEWAY_REDELIVER_AFTER": "3",
+}
+
+
+@dataclass
+class Report:
+    effects: int
+    kills: int
+    faults: Counter = field(default_factory=Counter)
+    statuses: Counter = field(default_factory=Counter)
+    duplicates: list[str] = field(default_factory=list)  # keys executed more than once
+    lost: list[str] = field(default_factory=list)  # ledger and provider disagree
+    stuck: list[str] = field(default_factory=list)  # neither settled nor with a human
+    human_queue: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        return [
+            f"effects: {self.effects}",
+            f"workers killed at failpoints: {self.kills}",
+            f"sandbox faults injected: {sum(self.faults.values())} {dict(self.faults)}",
+            f"final statuses: {dict(self.statuses)}",
+            f"in the human queue: {len(self.human_queue)}",
+            f"keys executed more than once at the provider: {len(self.duplicates)}",
+            f"lost (ledger and provider disagree): {len(self.lost)}",
+            f"stuck (not settled, no human): {len(self.stuck)}",
+            f"recovered in {self.seconds:.1f}s",
+        ]
+
+
+def _settled_or_queued(effect_ids: list[str]) -> bool:
+    connection.close()
+    open_ids = set(
+        Effect.objects.filter(pk__in=effect_ids)
+        .exclude(status__in=SETTLED)
+        .exclude(escalated=True)
+        .exclude(mismatch=True)
+        .values_list("pk", flat=True)
+    )
+    return not open_ids
+
+
+def run(
+    *,
+    effect_ids: list[str],
+    queue: str,
+    logs: Path,
+    failpoints: str,
+    failpoint_dir: Path,
+    timeout: float,
+) -> float:
+    """Supervise one solo worker (restarted whenever a failpoint kills it) and one beat
+    until every effect is settled or handed to a human. Returns the kill count."""
+    env = {
+        **RECOVERY_ENV,
+        "GATEWAY_FAILPOINTS": failpoints,
+        "GATEWAY_FAILPOINT_DIR": str(failpoint_dir),
+    }
+    beat = Celery("beat", queue, logs / "beat.log", **RECOVERY_ENV)
+    worker = Celery("worker", queue, logs / "worker.log", pool="solo", **env)
+    kills = 0
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < timeout:
+            if worker.process.poll() is not None:
+                kills += 1
+                worker.handle.close()
+                worker = Celery("worker", queue, logs / "worker.log", pool="solo", **env)
+            if _settled_or_queued(effect_ids):
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"not recovered within {timeout}s; see {logs}")
+    finally:
+        worker.stop()
+        beat.stop()
+    return kills
+
+
+def check(
+    effect_ids: list[str], sandbox: SandboxProvider, *, kills: int, seconds: float, faults: Counter
+) -> Report:
+    connection.close()
+    report = Report(effects=len(effect_ids), kills=kills, faults=faults, seconds=seconds)
+    ops = Counter(op["idempotency_key"] for op in sandbox.operations())
+    report.duplicates = sorted(key for key, count in ops.items() if count > 1)
+    queued = set(Case.objects.filter(effect_id__in=effect_ids).values_list("effect_id", flat=True))
+    for effect in Effect.objects.filter(pk__in=effect_ids).select_related("command"):
+        report.statuses[effect.status] += 1
+        executed = ops.get(effect.command.provider_key, 0)
+        confirmed_but_not_executed = effect.status == "CONFIRMED" and executed != 1
+        executed_but_not_confirmed = executed and effect.status in {
+            "REJECTED",
+            "EXPIRED",
+            "CANCELLED",
+            "NOT_STARTED",
+        }
+        if confirmed_but_not_executed or executed_but_not_confirmed:
+            report.lost.append(effect.pk)
+        if effect.escalated or effect.mismatch or effect.pk in queued:
+            report.human_queue.append(effect.pk)
+        elif effect.status not in SETTLED:
+            report.stuck.append(effect.pk)
+    return report
