@@ -9,6 +9,8 @@ from gateway.errors import NotFound
 from gateway.models import Effect, EffectEvent, Principal
 
 PAYLOAD_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+# Correlation ids on a command's context that ?context.<key>= filters on.
+CONTEXT_FILTERS = ("runtime", "session_id", "run_id", "call_id", "thread_id", "agent")
 
 
 def effects_for_principal(principal: Principal) -> QuerySet[Effect]:
@@ -27,8 +29,12 @@ def effect_get(*, principal: Principal, effect_id: str) -> Effect:
 
 
 def effects_filtered(
-    *, principal: Principal, status: list[str] | None = None, type: str | None = None,
+    *,
+    principal: Principal,
+    status: list[str] | None = None,
+    type: str | None = None,
     owner: str | None = None,
+    context: dict[str, str] | None = None,
 ) -> QuerySet[Effect]:
     query = effects_for_principal(principal)
     if status:
@@ -37,6 +43,8 @@ def effects_filtered(
         query = query.filter(type=type)
     if owner:
         query = query.filter(owner=owner)
+    for name, value in (context or {}).items():
+        query = query.filter(**{f"command__context__{name}": value})
     return query
 
 

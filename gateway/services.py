@@ -53,6 +53,7 @@ from gateway.lib.vault import open_json, seal_json
 from gateway.models import Attempt, Command, Effect, EffectEvent, Principal, Receipt
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
+from gateway.webhooks.services import outbox_record
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +170,8 @@ def _after_transition(effect: Effect, *, from_status: str, to: str) -> None:
     """Consequences of a status change that belong to the same transaction: the original of
     a compensation settles, and the saga (if any) is told after commit."""
     command = effect.command
+    # The webhook outbox row commits (or rolls back) with the status change it announces.
+    outbox_record(effect, to_status=to)
     if to in (S.CANCELLED, S.EXPIRED) or (to == S.REJECTED and from_status in BEFORE_DISPATCH):
         # Never sent: its share of the grant's budget goes back.
         capabilities.capability_release(command)

@@ -82,6 +82,8 @@ INSTALLED_APPS = [
     "gateway",
     "reconciliation",
     "sagas",
+    "gateway.webhooks",
+    "gateway.agent_hooks",
 ]
 
 MIDDLEWARE = [
@@ -266,6 +268,14 @@ GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
 GATEWAY_APPROVAL_TTL = env_number("GATEWAY_APPROVAL_TTL", 3600)
 GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")
 
+# Outgoing webhooks (gateway.webhooks) and agent hooks (gateway.agent_hooks).
+GATEWAY_WEBHOOK_TIMEOUT = env_number("GATEWAY_WEBHOOK_TIMEOUT", 10)
+GATEWAY_WEBHOOK_BACKOFF = env_number("GATEWAY_WEBHOOK_BACKOFF", 5)
+GATEWAY_WEBHOOK_MAX_ATTEMPTS = env_int("GATEWAY_WEBHOOK_MAX_ATTEMPTS", 12)
+GATEWAY_WEBHOOK_SWEEP_INTERVAL = env_number("GATEWAY_WEBHOOK_SWEEP_INTERVAL", 5)
+GATEWAY_WEBHOOK_ALLOW_HTTP = env_bool("GATEWAY_WEBHOOK_ALLOW_HTTP", False)
+GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
@@ -274,6 +284,10 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "reconciliation.tasks.reconcile_due",
         "schedule": timedelta(seconds=GATEWAY_RECONCILE_INTERVAL),
+    },
+    "sweep-webhooks": {
+        "task": "gateway.webhooks.tasks.sweep_webhooks",
+        "schedule": timedelta(seconds=GATEWAY_WEBHOOK_SWEEP_INTERVAL),
     },
 }
 

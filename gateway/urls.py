@@ -7,6 +7,8 @@ from reconciliation import views as reconciliation_views
 
 urlpatterns = [
     path("api/v1/", include("gateway.api.urls")),
+    path("api/v1/", include("gateway.webhooks.api.urls")),
+    path("hooks/claude-code/", include("gateway.agent_hooks.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),

@@ -123,6 +123,11 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
             status=statuses,
             type=params.get("type"),
             owner=params.get("owner"),
+            context={
+                name: params[f"context.{name}"]
+                for name in selectors.CONTEXT_FILTERS
+                if params.get(f"context.{name}")
+            },
         )
 
     def get_serializer_context(self):

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class AgentHooksConfig(AppConfig):
+    """Claude Code hooks: raw calls to governed systems are sent to the gateway's tools."""
+
+    name = "gateway.agent_hooks"
+    label = "agent_hooks"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,68 @@
+"""Input serializers validate shape only; output serializers say exactly what leaves (never
+the secret, except once, on creation)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from gateway.webhooks.choices import EventType
+from gateway.webhooks.models import WebhookEndpoint, WebhookMessage
+
+
+class EndpointCreateSerializer(serializers.Serializer):
+    url = serializers.CharField(max_length=2000)
+    event_types = serializers.ListField(
+        child=serializers.ChoiceField(choices=EventType.choices),
+        required=False,
+        allow_empty=False,
+        help_text="Default: every event type.",
+    )
+    description = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class EndpointReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class EndpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookEndpoint
+        fields = [
+            "id",
+            "url",
+            "description",
+            "event_types",
+            "enabled",
+            "disabled_reason",
+            "created_by",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class EndpointCreatedSerializer(EndpointSerializer):
+    """The endpoint with its signing secret: answered once, when it is created."""
+
+    secret = serializers.CharField(help_text="whsec_…: verify webhook-signature with it.")
+
+    class Meta(EndpointSerializer.Meta):
+        fields = [*EndpointSerializer.Meta.fields, "secret"]
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookMessage
+        fields = [
+            "id",
+            "event_type",
+            "effect_id",
+            "state",
+            "attempts",
+            "last_status",
+            "last_error",
+            "next_attempt_at",
+            "last_attempt_at",
+            "delivered_at",
+            "created_at",
+            "payload",
+        ]

@@ -1,0 +1,91 @@
+"""``/api/v1/webhook-endpoints``: operators and admins register where their tenant's effect
+events are sent. Errors leave as problem+json through the project's exception handler."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status as http
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gateway.api.auth import principal_of
+from gateway.errors import NotPermitted
+from gateway.services import OPERATOR_ROLES
+from gateway.webhooks import selectors, services
+from gateway.webhooks.api.serializers import (
+    EndpointCreatedSerializer,
+    EndpointCreateSerializer,
+    EndpointReasonSerializer,
+    EndpointSerializer,
+    MessageSerializer,
+)
+
+
+def _operator(request: Request):
+    principal = principal_of(request)
+    if principal.role not in OPERATOR_ROLES:
+        raise NotPermitted(f"A principal with role {principal.role} cannot manage webhooks.")
+    return principal
+
+
+def _valid(serializer_class, request: Request) -> dict:
+    serializer = serializer_class(data=request.data if request.data else {})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class WebhookEndpointViewSet(viewsets.ViewSet):
+    """A tenant's webhook endpoints (operator, admin)."""
+
+    lookup_value_regex = "[^/]+"
+
+    @extend_schema(responses=EndpointSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        endpoints = selectors.endpoints_for_principal(_operator(request))
+        return Response({"results": EndpointSerializer(endpoints, many=True).data})
+
+    @extend_schema(request=EndpointCreateSerializer, responses={201: EndpointCreatedSerializer})
+    def create(self, request: Request) -> Response:
+        principal = _operator(request)
+        body = _valid(EndpointCreateSerializer, request)
+        endpoint, secret = services.endpoint_create(
+            principal=principal,
+            url=body["url"],
+            event_types=body.get("event_types"),
+            description=body.get("description", ""),
+        )
+        endpoint.secret = secret
+        return Response(EndpointCreatedSerializer(endpoint).data, status=http.HTTP_201_CREATED)
+
+    @extend_schema(responses=EndpointSerializer)
+    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+        endpoint = selectors.endpoint_get(principal=_operator(request), endpoint_id=pk)
+        return Response(EndpointSerializer(endpoint).data)
+
+    @extend_schema(request=EndpointReasonSerializer, responses=EndpointSerializer)
+    @action(detail=True, methods=["post"])
+    def enable(self, request: Request, pk: str | None = None) -> Response:
+        return self._set_enabled(request, pk, enabled=True)
+
+    @extend_schema(request=EndpointReasonSerializer, responses=EndpointSerializer)
+    @action(detail=True, methods=["post"])
+    def disable(self, request: Request, pk: str | None = None) -> Response:
+        return self._set_enabled(request, pk, enabled=False)
+
+    @extend_schema(responses=MessageSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def messages(self, request: Request, pk: str | None = None) -> Response:
+        endpoint = selectors.endpoint_get(principal=_operator(request), endpoint_id=pk)
+        messages = selectors.endpoint_messages(endpoint)
+        return Response({"results": MessageSerializer(messages, many=True).data})
+
+    def _set_enabled(self, request: Request, pk: str | None, *, enabled: bool) -> Response:
+        principal = _operator(request)
+        endpoint = selectors.endpoint_get(principal=principal, endpoint_id=pk)
+        body = _valid(EndpointReasonSerializer, request)
+        endpoint = services.endpoint_set_enabled(
+            endpoint=endpoint, principal=principal, enabled=enabled, reason=body.get("reason", "")
+        )
+        return Response(EndpointSerializer(endpoint).data)

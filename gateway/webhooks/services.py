@@ -1,0 +1,364 @@
+"""Every write of the webhooks app: endpoints, the outbox row written with a status change,
+and its delivery (STYLE 4–8).
+
+The ledger calls :func:`outbox_record` from ``_after_transition``, inside the transaction of
+the status change: the message exists if and only if the change committed. Delivery happens
+after commit (a Celery task), and again from :func:`webhook_sweep` (beat) with exponential
+backoff until the receiver answers 2xx — at least once, with the same ``webhook-id``. A 410
+answer disables the endpoint.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import random
+import time
+from datetime import timedelta
+from functools import partial
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gateway.choices import EffectStatus, Role
+from gateway.errors import NotPermitted, ValidationProblem
+from gateway.lib.vault import open_json, seal_json
+from gateway.models import Effect, EffectEvent, Principal
+from gateway.webhooks import signing
+from gateway.webhooks.choices import EVENT_FOR_STATUS, EventType, MessageState
+from gateway.webhooks.models import WebhookEndpoint, WebhookMessage
+
+logger = logging.getLogger(__name__)
+
+S = EffectStatus
+M = MessageState
+# Not imported from gateway.services: the ledger imports this module to write the outbox.
+OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def _timeout() -> float:
+    return _setting("GATEWAY_WEBHOOK_TIMEOUT", 10)
+
+
+def _lease() -> timedelta:
+    # Longer than one delivery can take: a sender that crashed mid-request leaves its message
+    # to the sweeper after this long, never to two senders at once.
+    return timedelta(seconds=max(_setting("GATEWAY_WEBHOOK_LEASE", 60), _timeout() + 5))
+
+
+def _backoff(attempt: int) -> timedelta:
+    base = _setting("GATEWAY_WEBHOOK_BACKOFF", 5)
+    ceiling = min(_setting("GATEWAY_WEBHOOK_MAX_BACKOFF", 3600), base * 2 ** (attempt - 1))
+    return timedelta(seconds=random.uniform(ceiling / 2, ceiling))
+
+
+# --- endpoints --------------------------------------------------------------------------------
+
+
+def _require_operator(principal: Principal) -> None:
+    if principal.role not in OPERATOR_ROLES:
+        raise NotPermitted(f"A principal with role {principal.role} cannot manage webhooks.")
+    if principal.frozen:
+        raise NotPermitted(f"Principal {principal.name} is frozen.")
+
+
+def _validate_url(url: str) -> list[str]:
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        return ["must be an http(s) URL with a host"]
+    if parts.username or parts.password:
+        return ["must not carry credentials; the signature authenticates the gateway"]
+    if parts.scheme == "http" and not getattr(settings, "GATEWAY_WEBHOOK_ALLOW_HTTP", False):
+        host = parts.hostname
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            return ["must be https (plain http is accepted for loopback receivers only)"]
+    return []
+
+
+def endpoint_create(
+    *,
+    principal: Principal,
+    url: str,
+    event_types: list[str] | None = None,
+    description: str = "",
+) -> tuple[WebhookEndpoint, str]:
+    """Register a receiver for the principal's tenant; answers it and its secret (shown once)."""
+    _require_operator(principal)
+    chosen = list(dict.fromkeys(event_types)) if event_types else list(EventType.values)
+    errors: dict[str, list[str]] = {}
+    if url_errors := _validate_url(url):
+        errors["url"] = url_errors
+    unknown = sorted(set(chosen) - set(EventType.values))
+    if unknown:
+        errors["event_types"] = [f"{', '.join(unknown)} not one of {EventType.values}"]
+    if errors:
+        raise ValidationProblem("The webhook endpoint is not valid.", errors=errors)
+    secret = signing.new_secret()
+    now = timezone.now()
+    endpoint = WebhookEndpoint.objects.create(
+        tenant_id=principal.tenant_id,
+        url=url,
+        description=description,
+        secret_sealed=seal_json(secret),
+        event_types=chosen,
+        created_by=principal.label,
+        created_at=now,
+        updated_at=now,
+    )
+    logger.info(
+        "webhook endpoint created",
+        extra={"webhook_endpoint": endpoint.pk, "actor": principal.label},
+    )
+    return endpoint, secret
+
+
+def endpoint_set_enabled(
+    *, endpoint: WebhookEndpoint, principal: Principal, enabled: bool, reason: str = ""
+) -> WebhookEndpoint:
+    """Enable (pending messages are then sent again by the sweeper) or disable an endpoint."""
+    _require_operator(principal)
+    now = timezone.now()
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+        enabled=enabled,
+        disabled_reason="" if enabled else (reason or f"disabled by {principal.label}"),
+        updated_at=now,
+    )
+    if enabled:
+        # Messages that waited while it was off are due now, not at their old backoff.
+        WebhookMessage.objects.filter(endpoint=endpoint, state=M.PENDING).update(
+            next_attempt_at=now
+        )
+    endpoint.refresh_from_db()
+    return endpoint
+
+
+def endpoint_secret(endpoint: WebhookEndpoint) -> str:
+    return open_json(endpoint.secret_sealed)
+
+
+# --- the outbox -------------------------------------------------------------------------------
+
+
+def _candidate_events(to_status: str) -> list[str]:
+    """Events a change to ``to_status`` may announce, before knowing where it came from."""
+    events = []
+    if to_status in (S.PREPARED, S.REJECTED):
+        events.append(EventType.APPROVAL_DECIDED)  # only when it left AWAITING_APPROVAL
+    if to_status in EVENT_FOR_STATUS:
+        events.append(EVENT_FOR_STATUS[to_status])
+    return events
+
+
+def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
+    """Write the webhook messages a status change announces, in the caller's transaction.
+
+    Called by the ledger for every transition; most write nothing (no event for that status,
+    or no endpoint of the tenant listens), at the cost of at most one query.
+    """
+    candidates = _candidate_events(to_status)
+    if not candidates:
+        return []
+    endpoints = [
+        endpoint
+        for endpoint in WebhookEndpoint.objects.filter(tenant_id=effect.tenant_id, enabled=True)
+        if any(endpoint.subscribes_to(event) for event in candidates)
+    ]
+    if not endpoints:
+        return []
+    # The event the transition appended just before calling us (same transaction).
+    change = (
+        EffectEvent.objects.filter(effect_id=effect.pk, to_status=to_status)
+        .order_by("-id")
+        .values("from_status", "kind", "actor", "reason", "created_at")
+        .first()
+    ) or {"from_status": "", "kind": "", "actor": "", "reason": "", "created_at": timezone.now()}
+    events = [
+        event
+        for event in candidates
+        if event != EventType.APPROVAL_DECIDED or change["from_status"] == S.AWAITING_APPROVAL
+    ]
+    now = timezone.now()
+    messages = []
+    for event in events:
+        payload = _payload(effect, event, to_status, change, now)
+        for endpoint in endpoints:
+            if endpoint.subscribes_to(event):
+                messages.append(
+                    WebhookMessage.objects.create(
+                        endpoint=endpoint,
+                        event_type=event,
+                        effect_id=effect.pk,
+                        payload=payload,
+                        # If the after-commit task is lost, the sweeper sends it after this.
+                        next_attempt_at=now + _lease(),
+                        created_at=now,
+                    )
+                )
+    from gateway.webhooks.tasks import deliver_webhook
+
+    for message in messages:
+        # After commit: the receiver must never hear of a change that was rolled back, and
+        # the task must find the row.
+        transaction.on_commit(partial(deliver_webhook.delay, message.pk))
+    return messages
+
+
+def _payload(
+    effect: Effect, event: str, to_status: str, change: dict[str, Any], now
+) -> dict[str, Any]:
+    """Standard Webhooks body: type, timestamp, data. Ids, statuses and correlation only —
+    never the command's payload."""
+    command = effect.command
+    data: dict[str, Any] = {
+        "effect_id": effect.pk,
+        "effect_type": effect.type,
+        "status": to_status,
+        "from_status": change["from_status"],
+        "to_status": to_status,
+        "idempotency_key": command.idempotency_key,
+        "payload_digest": command.payload_digest,
+        "context": command.context or {},
+        "reason": change["reason"],
+        "actor": change["actor"],
+        "occurred_at": change["created_at"].isoformat(),
+        "links": {"effect": f"/api/v1/effects/{effect.pk}"},
+    }
+    if command.saga_id:
+        data["saga"] = {"id": command.saga_id, "step": command.saga_step}
+    if event == EventType.APPROVAL_DECIDED:
+        data["approval"] = {
+            "decision": "approved" if to_status == S.PREPARED else "rejected",
+            "decided_by": change["actor"],
+        }
+    return {"type": event, "timestamp": now.isoformat(), "data": data}
+
+
+# --- delivery ---------------------------------------------------------------------------------
+
+
+def webhook_deliver(*, message_id: str) -> bool:
+    """Send one pending message once; False when there was nothing to send (delivered, given
+    up, endpoint disabled, or another sender holds this attempt)."""
+    message = (
+        WebhookMessage.objects.select_related("endpoint")
+        .filter(pk=message_id, state=M.PENDING)
+        .first()
+    )
+    if message is None or not message.endpoint.enabled:
+        return False
+    endpoint = message.endpoint
+    attempt = message.attempts + 1
+    now = timezone.now()
+    # Compare-and-set on the attempt count: the after-commit task, the sweeper's copy and a
+    # redelivered broker message may hold the same message; exactly one claims each attempt,
+    # and the lease brings it back to the sweeper if that sender dies mid-request.
+    claimed = WebhookMessage.objects.filter(
+        pk=message.pk, state=M.PENDING, attempts=message.attempts
+    ).update(attempts=attempt, last_attempt_at=now, next_attempt_at=now + _lease())
+    if not claimed:
+        return False
+    body = json.dumps(message.payload, separators=(",", ":"), sort_keys=True).encode()
+    headers = signing.headers(
+        endpoint_secret(endpoint), msg_id=message.pk, timestamp=int(time.time()), body=body
+    )
+    status: int | None = None
+    error = ""
+    try:
+        response = httpx.post(
+            endpoint.url,
+            content=body,
+            headers=headers,
+            timeout=_timeout(),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        status = response.status_code
+        if not 200 <= status < 300:
+            error = response.text[:500]
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"[:500]
+    _record_attempt(message, endpoint, attempt=attempt, status=status, error=error)
+    return True
+
+
+def _record_attempt(
+    message: WebhookMessage,
+    endpoint: WebhookEndpoint,
+    *,
+    attempt: int,
+    status: int | None,
+    error: str,
+) -> None:
+    now = timezone.now()
+    max_attempts = int(_setting("GATEWAY_WEBHOOK_MAX_ATTEMPTS", 12))
+    fields: dict[str, Any] = {"last_status": status, "last_error": error}
+    if status is not None and 200 <= status < 300:
+        fields.update(state=M.DELIVERED, delivered_at=now, next_attempt_at=None)
+    elif status == 410:
+        fields.update(state=M.GONE, next_attempt_at=None)
+    elif attempt >= max_attempts:
+        fields.update(state=M.FAILED, next_attempt_at=None)
+    else:
+        fields.update(next_attempt_at=now + _backoff(attempt))
+    with transaction.atomic():
+        # Only the sender that claimed this attempt writes its outcome.
+        WebhookMessage.objects.filter(pk=message.pk, state=M.PENDING, attempts=attempt).update(
+            **fields
+        )
+        if status == 410:
+            # The receiver says it is gone for good: stop sending to it until an operator
+            # enables it again.
+            WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True).update(
+                enabled=False,
+                disabled_reason=(
+                    f"the receiver answered 410 Gone to {message.pk} at {now.isoformat()}"
+                ),
+                updated_at=now,
+            )
+    logger.info(
+        "webhook attempt",
+        extra={
+            "webhook_message": message.pk,
+            "webhook_endpoint": endpoint.pk,
+            "attempt": attempt,
+            "http_status": status,
+            "state": fields.get("state", M.PENDING),
+        },
+    )
+
+
+def webhook_sweep(*, limit: int = 200) -> int:
+    """Enqueue the pending messages whose next attempt is due; answers how many."""
+    from gateway.webhooks.tasks import deliver_webhook
+
+    now = timezone.now()
+    due = list(
+        WebhookMessage.objects.filter(
+            state=M.PENDING, next_attempt_at__lte=now, endpoint__enabled=True
+        )
+        .order_by("next_attempt_at")
+        .values_list("pk", "next_attempt_at")[:limit]
+    )
+    sent = 0
+    for message_id, was_due in due:
+        # Compare-and-set on the due time against an overlapping sweep (two beats, a slow
+        # run): only one of them enqueues this attempt.
+        if WebhookMessage.objects.filter(
+            pk=message_id, state=M.PENDING, next_attempt_at=was_due
+        ).update(next_attempt_at=now + _lease()):
+            deliver_webhook.delay(message_id)
+            sent += 1
+    return sent

@@ -1,0 +1,273 @@
+"""Outgoing webhooks: the outbox row commits with the status change, delivery is signed per
+Standard Webhooks (checked with the reference library), retried with the same id, and a 410
+switches the endpoint off. The receiver is a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from gateway import services
+from gateway.models import Effect
+from gateway.webhooks.models import WebhookEndpoint, WebhookMessage
+from gateway.webhooks.services import webhook_sweep
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_due() -> None:
+    """Let the backoff pass without waiting for it."""
+    WebhookMessage.objects.filter(state="pending").update(
+        next_attempt_at=timezone.now() - timedelta(seconds=1)
+    )
+
+
+def confirmed_ticket(agent, ticket_body, key="t1") -> str:
+    response = agent.submit(ticket_body, key)
+    assert response.status_code == 201, response.json()
+    effect_id = response.json()["effect_id"]
+    assert Effect.objects.get(pk=effect_id).status == "CONFIRMED"
+    return effect_id
+
+
+def test_endpoints_are_managed_by_operators_only(operator, agent, receiver):
+    created = operator.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": receiver.url, "event_types": ["effect.confirmed"], "description": "ops"},
+        format="json",
+    )
+    assert created.status_code == 201
+    body = created.json()
+    assert body["id"].startswith("whe_") and body["secret"].startswith("whsec_")
+    assert body["event_types"] == ["effect.confirmed"]
+    listed = operator.client.get("/api/v1/webhook-endpoints").json()["results"]
+    assert [e["id"] for e in listed] == [body["id"]]
+    assert "secret" not in listed[0]
+    refused = agent.client.post("/api/v1/webhook-endpoints", {"url": receiver.url}, format="json")
+    assert refused.status_code == 403
+    assert refused["Content-Type"] == "application/problem+json"
+    assert agent.client.get("/api/v1/webhook-endpoints").status_code == 403
+
+
+def test_invalid_endpoints_are_400_with_field_errors(operator):
+    bad = operator.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "http://hooks.example.com/x", "event_types": ["effect.confirmed"]},
+        format="json",
+    )
+    assert bad.status_code == 400
+    assert "url" in bad.json()["errors"]
+    unknown = operator.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "https://hooks.example.com/x", "event_types": ["effect.exploded"]},
+        format="json",
+    )
+    assert unknown.status_code == 400
+    assert "event_types.0" in unknown.json()["errors"]
+
+
+def test_a_confirmed_effect_is_delivered_signed_without_its_payload(
+    agent, ticket_body, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    endpoint_id, secret = webhook_endpoint
+    effect_id = confirmed_ticket(agent, ticket_body)
+    (delivery,) = receiver.wait_for(1)
+    event = Webhook(secret).verify(delivery.body, delivery.headers)
+    assert event["type"] == "effect.confirmed"
+    data = event["data"]
+    assert data["effect_id"] == effect_id
+    assert (data["from_status"], data["to_status"], data["status"]) == (
+        "DISPATCHING",
+        "CONFIRMED",
+        "CONFIRMED",
+    )
+    assert data["effect_type"] == "ticket.create"
+    assert "payload" not in data and "Printer on fire" not in delivery.body.decode()
+    message = WebhookMessage.objects.get()
+    assert delivery.headers["webhook-id"] == message.pk and message.pk.startswith("msg_")
+    assert (message.state, message.attempts, message.last_status) == ("delivered", 1, 200)
+    assert message.endpoint_id == endpoint_id
+    # The signature covers the body: a changed byte does not verify.
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(delivery.body.replace(b"CONFIRMED", b"REJECTED"), delivery.headers)
+
+
+def test_a_failing_receiver_gets_the_event_again_with_the_same_id(
+    agent, ticket_body, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    _, secret = webhook_endpoint
+    receiver.answer(500, 503)
+    confirmed_ticket(agent, ticket_body)
+    receiver.wait_for(1)
+    message = WebhookMessage.objects.get()
+    assert (message.state, message.attempts, message.last_status) == ("pending", 1, 500)
+    assert message.next_attempt_at > timezone.now()
+    assert webhook_sweep() == 0  # not due yet: backoff
+    make_due()
+    assert webhook_sweep() == 1
+    make_due()
+    assert webhook_sweep() == 1
+    deliveries = receiver.wait_for(3)
+    assert len({d.headers["webhook-id"] for d in deliveries}) == 1
+    for delivery in deliveries:
+        Webhook(secret).verify(delivery.body, delivery.headers)
+    message.refresh_from_db()
+    assert (message.state, message.attempts, message.last_status) == ("delivered", 3, 200)
+    make_due()
+    assert webhook_sweep() == 0
+    assert len(receiver.deliveries) == 3
+
+
+def test_a_410_disables_the_endpoint_and_stops_deliveries(
+    agent, ticket_body, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    endpoint_id, _ = webhook_endpoint
+    receiver.answer(410)
+    confirmed_ticket(agent, ticket_body, "t1")
+    receiver.wait_for(1)
+    endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
+    assert endpoint.enabled is False
+    assert "410" in endpoint.disabled_reason
+    assert WebhookMessage.objects.get().state == "gone"
+    confirmed_ticket(agent, {**ticket_body, "payload": {"title": "b", "priority": "P3"}}, "t2")
+    make_due()
+    assert webhook_sweep() == 0
+    assert len(receiver.deliveries) == 1
+    assert WebhookMessage.objects.count() == 1
+
+
+def test_a_receiver_that_never_recovers_ends_failed(
+    agent, ticket_body, sandbox, eager_tasks, receiver, webhook_endpoint, settings
+):
+    settings.GATEWAY_WEBHOOK_MAX_ATTEMPTS = 2
+    receiver.answer(500, 500, 500)
+    confirmed_ticket(agent, ticket_body)
+    receiver.wait_for(1)
+    make_due()
+    webhook_sweep()
+    message = WebhookMessage.objects.get()
+    assert (message.state, message.attempts, message.next_attempt_at) == ("failed", 2, None)
+    make_due()
+    assert webhook_sweep() == 0
+
+
+def test_approval_decisions_and_rejections_are_announced(
+    agent, approver, refund_body, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    _, secret = webhook_endpoint
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    approved = agent.submit(big, "big-1").json()
+    refused = agent.submit({**big, "payload": {**big["payload"], "amount": 60_000}}, "big-2").json()
+    assert receiver.deliveries == []  # AWAITING_APPROVAL announces nothing
+    response = approver.client.post(
+        f"/api/v1/effects/{approved['effect_id']}/approve",
+        {"payload_digest": approved["payload_digest"]},
+        format="json",
+    )
+    assert response.status_code == 200
+    approver.client.post(
+        f"/api/v1/effects/{refused['effect_id']}/reject", {"reason": "too much"}, format="json"
+    )
+    receiver.wait_for(4)
+    events = [Webhook(secret).verify(d.body, d.headers) for d in receiver.deliveries]
+    seen = [(e["type"], e["data"]["effect_id"]) for e in events]
+    assert seen == [
+        ("effect.approval_decided", approved["effect_id"]),
+        ("effect.confirmed", approved["effect_id"]),
+        ("effect.approval_decided", refused["effect_id"]),
+        ("effect.rejected", refused["effect_id"]),
+    ]
+    decisions = {
+        e["data"]["effect_id"]: e["data"]["approval"]
+        for e in events
+        if e["type"] == "effect.approval_decided"
+    }
+    assert decisions[approved["effect_id"]] == {
+        "decision": "approved",
+        "decided_by": "approver:alice",
+    }
+    assert decisions[refused["effect_id"]]["decision"] == "rejected"
+
+
+def test_an_endpoint_hears_only_its_event_types(
+    operator, agent, ticket_body, sandbox, eager_tasks, receiver
+):
+    operator.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": receiver.url, "event_types": ["effect.unknown"]},
+        format="json",
+    )
+    confirmed_ticket(agent, ticket_body)
+    assert WebhookMessage.objects.count() == 0
+    assert receiver.deliveries == []
+
+
+def test_a_rolled_back_change_writes_no_message(
+    agent, approver, refund_body, receiver, webhook_endpoint
+):
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    effect_id = agent.submit(big, "big").json()["effect_id"]
+    effect = Effect.objects.select_related("command").get(pk=effect_id)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.effect_reject(effect=effect, principal=approver.principal, reason="no")
+        assert WebhookMessage.objects.count() == 2  # written with the change...
+        raise RuntimeError("the transaction fails after the transition")
+    assert WebhookMessage.objects.count() == 0  # ...and gone with it
+    assert Effect.objects.get(pk=effect_id).status == "AWAITING_APPROVAL"
+    assert receiver.deliveries == []
+
+
+def test_other_tenants_hear_nothing(
+    rival_operator, agent, ticket_body, sandbox, eager_tasks, receiver
+):
+    rival_operator.client.post("/api/v1/webhook-endpoints", {"url": receiver.url}, format="json")
+    confirmed_ticket(agent, ticket_body)
+    assert WebhookMessage.objects.count() == 0
+
+
+@pytest.fixture
+def queue():
+    """A broker queue of the test's own, so no message of another test reaches its worker."""
+    from gateway.celery import app as celery_app
+    from tests.support.processes import new_queue
+
+    name = new_queue()
+    previous = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = name
+    yield name
+    celery_app.conf.task_default_queue = previous
+
+
+@pytest.mark.worker
+def test_a_real_worker_delivers_and_beat_retries(
+    agent, ticket_body, sandbox, receiver, webhook_endpoint, queue, tmp_path
+):
+    from tests.support.processes import Celery, wait_until
+
+    _, secret = webhook_endpoint
+    receiver.answer(503)
+    effect_id = agent.submit(ticket_body, "worker-1").json()["effect_id"]
+    fast = {"GATEWAY_WEBHOOK_BACKOFF": "0.5", "GATEWAY_WEBHOOK_SWEEP_INTERVAL": "1"}
+    worker = Celery("worker", queue, tmp_path / "worker.log", **fast)
+    beat = Celery("beat", queue, tmp_path / "beat.log", **fast)
+    try:
+        wait_until(
+            lambda: len(receiver.deliveries) >= 2,
+            timeout=60,
+            what="a failed delivery and its retry",
+        )
+    finally:
+        beat.stop()
+        worker.stop()
+    first, second = receiver.deliveries[:2]
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    event = Webhook(secret).verify(second.body, second.headers)
+    assert (event["type"], event["data"]["effect_id"]) == ("effect.confirmed", effect_id)
+    message = WebhookMessage.objects.get()
+    assert (message.state, message.attempts) == ("delivered", 2)
+    assert "Traceback" not in worker.output()
