@@ -191,6 +191,14 @@ def _after_transition(effect: Effect, *, from_status: str, to: str) -> None:
         _notify_saga(command.saga_id)
 
 
+def _saga_blocks_dispatch(saga_id: str) -> bool:
+    try:
+        from sagas.selectors import saga_blocks_dispatch
+    except ImportError:  # the sagas app is optional for the ledger
+        return False
+    return saga_blocks_dispatch(saga_id)
+
+
 def _notify_saga(saga_id: str) -> None:
     try:
         from sagas.tasks import advance_saga
@@ -660,6 +668,8 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         effect = Effect.objects.select_related("command__requested_by").filter(pk=effect_id).first()
         if effect is None or effect.status not in DISPATCHABLE or effect.frozen:
             return None
+        if effect.command.saga_id and _saga_blocks_dispatch(effect.command.saga_id):
+            return None  # its saga is frozen: nothing of it is sent
         if effect.command.expires_at <= now:
             effect_expire(effect=effect, actor=f"worker:{worker}")
             return None

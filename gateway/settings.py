@@ -198,6 +198,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {"SagaStateEnum": "sagas.choices.SagaState"},
 }
 
 # --- Celery ------------------------------------------------------------------------------------
@@ -276,6 +277,9 @@ GATEWAY_WEBHOOK_SWEEP_INTERVAL = env_number("GATEWAY_WEBHOOK_SWEEP_INTERVAL", 5)
 GATEWAY_WEBHOOK_ALLOW_HTTP = env_bool("GATEWAY_WEBHOOK_ALLOW_HTTP", False)
 GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 
+# How long an active saga may go without news before the sweeper advances it again.
+GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
@@ -284,6 +288,10 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "reconciliation.tasks.reconcile_due",
         "schedule": timedelta(seconds=GATEWAY_RECONCILE_INTERVAL),
+    },
+    "sweep-sagas": {
+        "task": "sagas.tasks.sweep_sagas",
+        "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),
     },
     "sweep-webhooks": {
         "task": "gateway.webhooks.tasks.sweep_webhooks",

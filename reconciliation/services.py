@@ -86,6 +86,15 @@ def on_mismatch(effect: Effect) -> None:
     CONFIRMED by the automatic paths.
     """
     logger.warning("effect mismatch", extra={"effect_id": effect.pk, "owner": effect.owner})
+    if effect.command.saga_id:
+        from sagas.services import saga_freeze
+
+        saga_freeze(
+            saga_id=effect.command.saga_id,
+            actor=RECONCILER,
+            reason=f"effect {effect.pk} disagrees with its command (mismatch)",
+            mismatch_effect_id=effect.pk,
+        )
 
 
 # --- the human queue --------------------------------------------------------------------------

@@ -22,4 +22,5 @@ urlpatterns = [
     ),
     *router.urls,
     path("", include("reconciliation.api.urls")),
+    path("", include("sagas.api.urls")),
 ]
