@@ -53,30 +53,40 @@ def _effect_response(request: Request, effect: Effect, code: int = 200, **header
     return Response(body, status=code, headers=headers or None)
 
 
+def idempotency_key_parameter(what: str) -> OpenApiParameter:
+    return OpenApiParameter(
+        "Idempotency-Key",
+        OpenApiTypes.STR,
+        OpenApiParameter.HEADER,
+        required=True,
+        description=f"A stable business key: the same key always means the same {what}.",
+    )
+
+
+def idempotency_key_from(request: Request, *, what: str, example: str) -> str:
+    """The Idempotency-Key header, or a 400 that says how to make a good one."""
+    key = request.headers.get("Idempotency-Key")
+    if not key:
+        raise ValidationProblem(
+            f"The Idempotency-Key header is required: a stable business key for this {what} "
+            f"(e.g. {example}), never a random id per attempt.",
+            errors={"Idempotency-Key": ["required"]},
+        )
+    return key
+
+
 class CommandSubmitView(APIView):
     """POST /api/v1/commands — freeze a command; replay-safe by Idempotency-Key."""
 
     @extend_schema(
         request=CommandSubmitSerializer,
         responses={201: EffectSerializer, 200: EffectSerializer},
-        parameters=[
-            OpenApiParameter(
-                "Idempotency-Key",
-                OpenApiTypes.STR,
-                OpenApiParameter.HEADER,
-                required=True,
-                description="A stable business key: the same key always means the same command.",
-            )
-        ],
+        parameters=[idempotency_key_parameter("command")],
     )
     def post(self, request: Request) -> Response:
-        key = request.headers.get("Idempotency-Key")
-        if not key:
-            raise ValidationProblem(
-                "The Idempotency-Key header is required: a stable business key for this "
-                "command (e.g. refund:ord_881:incident_120:v1), never a random id per attempt.",
-                errors={"Idempotency-Key": ["required"]},
-            )
+        key = idempotency_key_from(
+            request, what="command", example="refund:ord_881:incident_120:v1"
+        )
         if not isinstance(request.data, dict):
             raise ValidationProblem(
                 "The body must be a JSON object.", errors={"body": ["must be an object"]}

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from gateway.api.auth import principal_of
 from gateway.api.serializers import ReasonSerializer
+from gateway.api.views import idempotency_key_from, idempotency_key_parameter
 from gateway.errors import ValidationProblem
 from sagas import selectors, services
 from sagas.api.serializers import (
@@ -127,24 +128,10 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(
         request=SagaStartSerializer,
         responses={201: SagaSerializer, 200: SagaSerializer},
-        parameters=[
-            OpenApiParameter(
-                "Idempotency-Key",
-                OpenApiTypes.STR,
-                OpenApiParameter.HEADER,
-                required=True,
-                description="A stable business key: the same key always means the same run.",
-            )
-        ],
+        parameters=[idempotency_key_parameter("run")],
     )
     def create(self, request: Request) -> Response:
-        key = request.headers.get("Idempotency-Key")
-        if not key:
-            raise ValidationProblem(
-                "The Idempotency-Key header is required: a stable business key for this saga "
-                "(e.g. fulfil:ord_881:v1), never a random id per attempt.",
-                errors={"Idempotency-Key": ["required"]},
-            )
+        key = idempotency_key_from(request, what="saga", example="fulfil:ord_881:v1")
         body = _valid(SagaStartSerializer, request)
         start = services.saga_start(
             principal=principal_of(request),
