@@ -180,6 +180,16 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # A command body is small; anything larger is a mistake or an attack.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GATEWAY_MAX_BODY_BYTES", 64 * 1024)
 
+# --- Cache: per-token throttling counts here. Shared across web nodes when it is Redis.
+_CACHE_URL = env_str("GATEWAY_CACHE_URL", "")
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
+        if _CACHE_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
 # --- REST framework ------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
