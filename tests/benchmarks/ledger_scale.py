@@ -1,0 +1,171 @@
+"""How the ledger's hot queries behave with a million effects (PostgreSQL).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/eg_scale \
+        .venv/bin/python -m tests.benchmarks.ledger_scale --effects 1000000
+
+Loads N effects into one tenant with ``INSERT … SELECT generate_series`` (about 1% UNKNOWN, 1%
+IN_PROGRESS, a few hundred mismatched or escalated, the rest settled), then times — median
+of 7 runs, warm cache — the queries the API, the console and the workers run, and prints each
+plan's index. Use a scratch database: the ledger refuses deletes, so the rows stay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--effects", type=int, default=1_000_000)
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from django.utils import timezone
+
+    from gateway.lib.vault import seal_json
+    from gateway.models import Effect, Principal, Tenant
+
+    if connection.vendor != "postgresql":
+        print("ledger_scale needs PostgreSQL (set DATABASE_URL)")
+        return 2
+    call_command("migrate", interactive=False, verbosity=0)
+    tenant, _ = Tenant.objects.get_or_create(slug="scale")
+    principal, _ = Principal.objects.get_or_create(
+        tenant=tenant, name="scale-bot", defaults={"role": "agent"}
+    )
+    have = Effect.objects.filter(tenant=tenant).count()
+    if have < args.effects:
+        started = time.perf_counter()
+        _load(connection, tenant.pk, principal.pk, have, args.effects, seal_json({"x": 1}))
+        print(f"loaded {args.effects - have} effects in {time.perf_counter() - started:.1f}s")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE gateway_effect; ANALYZE gateway_command;")
+    total = Effect.objects.filter(tenant=tenant).count()
+    print(f"tenant 'scale' holds {total} effects")
+
+    now = timezone.now()
+    newest = Effect.objects.filter(tenant=tenant).order_by("-command_id")
+    deep_cursor = newest.values_list("command_id", flat=True)[total // 2]
+    from datetime import timedelta
+
+    from gateway.views import effects_for_triage
+
+    queries = {
+        "API list, newest first, page 1": newest[:50],
+        "API list, page at depth N/2 (cursor)": newest.filter(command_id__lt=deep_cursor)[:50],
+        "API list ?status=UNKNOWN": newest.filter(status="UNKNOWN")[:50],
+        "API list ?type=billing.refund.create": newest.filter(type="billing.refund.create")[:50],
+        "console triage, oldest first": effects_for_triage(principal=principal, now=now).order_by(
+            "command_id"
+        )[:50],
+        "console triage count": None,
+        "reconciler: due lookups": Effect.objects.filter(
+            status__in=["UNKNOWN", "IN_PROGRESS"], next_check_at__lte=now
+        ).order_by("next_check_at")[:50],
+        "dispatch sweeper: due effects": Effect.objects.filter(
+            status__in=["PREPARED", "NOT_STARTED"], next_dispatch_at__lte=now, frozen=False
+        ).order_by("next_dispatch_at")[:500],
+        "lease recovery": Effect.objects.filter(
+            status="DISPATCHING", lease_expires_at__lte=now + timedelta(days=1)
+        ).order_by("lease_expires_at")[:500],
+    }
+    print(f"{'query':<42} {'median ms':>10}  plan")
+    for name, query in queries.items():
+        if query is None:
+
+            def run():
+                return effects_for_triage(principal=principal, now=now).count()
+
+            sql_plan = "count"
+        else:
+
+            def run(query=query):
+                return list(query.all())
+
+            sql_plan = _plan(connection, query)
+        timings = []
+        for _ in range(7):
+            started = time.perf_counter()
+            run()
+            timings.append((time.perf_counter() - started) * 1000)
+        print(f"{name:<42} {statistics.median(timings):>10.2f}  {sql_plan}")
+    return 0
+
+
+def _plan(connection, query) -> str:
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        lines = [row[0] for row in cursor.fetchall()]
+    used = [line.strip() for line in lines if "Index" in line or "Seq Scan" in line]
+    return "; ".join(
+        part.split(" on ")[0] + " " + part.split(" using ")[-1].split(" ")[0]
+        if " using " in part
+        else part.split("  ")[0]
+        for part in used[:2]
+    )
+
+
+def _load(connection, tenant_id: int, principal_id: int, start: int, end: int, sealed: str) -> None:
+    """Commands and effects in bulk, in batches of 100k, ids in time order."""
+    batch = 100_000
+    for low in range(start, end, batch):
+        high = min(end, low + batch)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO gateway_command (effect_id, tenant_id, type, provider,
+                    idempotency_key, provider_key, payload_digest, resource, resource_type,
+                    resource_id, payload_sealed, payload_redacted, intent, context,
+                    requested_by_id, approval_required, expires_at, created_at, saga_id,
+                    saga_step, budget_amount)
+                SELECT 'eff_SCALE' || lpad(g::text, 17, '0'), %(tenant)s,
+                    (ARRAY['ticket.create','billing.refund.create','shipment.create',
+                           'email.message.send'])[1 + g %% 4],
+                    'tickets', 'scale-' || g, 'scale:scale-' || g, 'sha256:' || md5(g::text),
+                    '{"type": "queue", "id": "scale"}', 'queue', 'scale', %(sealed)s,
+                    '{"title": "x"}', '{}', '{}', %(principal)s, false,
+                    now() + interval '1 day', now() - (%(end)s - g) * interval '1 second',
+                    '', '', 0
+                FROM generate_series(%(low)s, %(high)s - 1) AS g;
+                INSERT INTO gateway_effect (effect_id, tenant_id, type, owner, status,
+                    status_changed_at, fence, attempt_count, check_count, frozen, mismatch,
+                    escalated, provider_operation_id, approval_state, approved_digest,
+                    created_at, updated_at,
+                    next_check_at)
+                SELECT 'eff_SCALE' || lpad(g::text, 17, '0'), %(tenant)s,
+                    (ARRAY['ticket.create','billing.refund.create','shipment.create',
+                           'email.message.send'])[1 + g %% 4],
+                    (ARRAY['support-tools','billing-oncall','fulfillment-oncall',
+                           'lifecycle-messaging'])[1 + g %% 4],
+                    CASE WHEN g %% 100 = 0 THEN 'UNKNOWN' WHEN g %% 100 = 1 THEN 'IN_PROGRESS'
+                         WHEN g %% 100 = 2 THEN 'REJECTED' ELSE 'CONFIRMED' END,
+                    now() - (%(end)s - g) * interval '1 second', 1, 1, 0, false,
+                    g %% 5000 = 3, g %% 5000 = 4, 'op_' || g, 'not_required', '',
+                    now() - (%(end)s - g) * interval '1 second', now(),
+                    CASE WHEN g %% 100 IN (0, 1) THEN now() + (g %% 600) * interval '1 second'
+                    END
+                FROM generate_series(%(low)s, %(high)s - 1) AS g;
+                """,
+                {
+                    "tenant": tenant_id,
+                    "principal": principal_id,
+                    "sealed": sealed,
+                    "low": low,
+                    "high": high,
+                    "end": end,
+                },
+            )
+        print(f"  loaded {high}/{end}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
