@@ -13,9 +13,16 @@
     if (active && element.contains(active) && active.closest("form")) return false;
     // An action form someone opened, or a field someone typed in: keep it in place.
     if (element.querySelector("details[open]")) return false;
+    // Changed from what the server drew (a box ticked, a word typed); radios and checkboxes
+    // carry a value whether or not anyone touched them, so they count when (un)checked.
     var fields = element.querySelectorAll("form input:not([type=hidden]), form textarea");
     for (var i = 0; i < fields.length; i++) {
-      if (fields[i].value) return false;
+      var input = fields[i];
+      if (input.type === "checkbox" || input.type === "radio") {
+        if (input.checked !== input.defaultChecked) return false;
+      } else if (input.value !== input.defaultValue) {
+        return false;
+      }
     }
     return true;
   };
@@ -44,11 +51,15 @@
         "Reload to see the current state before repeating an action.");
   });
 
-  // After an action replaced a fragment, put keyboard focus back at its heading.
+  // After an action replaced a fragment (the effect, a saga, a case card, a section of the
+  // controls), put keyboard focus back at the new fragment's heading (the one that takes
+  // focus: tabindex="-1"), so that a keyboard user does not land at the top of the page.
   document.addEventListener("htmx:afterSettle", function (event) {
     var config = event.detail.requestConfig;
     if (!config || config.verb !== "post") return;
-    var heading = event.detail.elt && document.getElementById("effect-heading");
+    var target = event.detail.target;
+    var fresh = target && target.id && document.getElementById(target.id);
+    var heading = fresh && fresh.querySelector("h1[tabindex='-1'], h2[tabindex='-1'], h3[tabindex='-1']");
     if (heading) heading.focus({ preventScroll: true });
   });
 })();

@@ -143,8 +143,46 @@ def submit(principal: Principal, body: dict = REFUND, **changes: Any) -> Effect:
         resource=data["resource"],
         payload=data["payload"],
         intent=data.get("intent"),
+        context=data.get("context"),
     )
     return Effect.objects.select_related("command").get(pk=submission.effect.pk)
+
+
+def open_case(effect: Effect, reason: str = "escalated", text: str = "8 lookups", **evidence):
+    """A human-queue case for ``effect``, opened as the reconciler opens one."""
+    from reconciliation.services import case_open
+
+    return case_open(
+        effect=effect,
+        reason=reason,
+        text=text,
+        actor="reconciler",
+        evidence=evidence or {"status": effect.status, "check_count": 8},
+    )
+
+
+def start_saga(principal: Principal, definition: str = "order.fulfillment", **inputs: Any):
+    """A saga run started through the sagas service (its first step issued), re-read."""
+    from sagas.definitions import get_definition
+    from sagas.models import SagaRun
+    from sagas.services import saga_start
+
+    example = get_definition(definition).example
+    start = saga_start(
+        principal=principal,
+        idempotency_key=f"console-saga-{next(_keys)}",
+        definition=definition,
+        inputs={**example, **inputs},
+    )
+    return SagaRun.objects.select_related("requested_by").get(pk=start.run.pk)
+
+
+def saga_step_effect(run, step: str) -> Effect:
+    from sagas.models import SagaStep
+
+    record = SagaStep.objects.filter(run_id=run.pk, name=step).order_by("-revision").first()
+    assert record is not None and record.effect_id, f"{step} was not issued"
+    return Effect.objects.select_related("command").get(pk=record.effect_id)
 
 
 def set_state(effect: Effect, **fields: Any) -> Effect:
@@ -186,3 +224,29 @@ def add_receipt(effect: Effect, **fields: Any) -> Receipt:
         **fields,
     }
     return Receipt.objects.create(effect=effect, **values)
+
+
+def add_orphan(tenant: Tenant | None, operation: str, **fields: Any):
+    """A provider receipt that names no command of ours, kept as the webhook keeps it."""
+    from reconciliation.models import OrphanReceipt, WebhookDelivery
+
+    now = timezone.now()
+    delivery = WebhookDelivery.objects.create(
+        provider="billing",
+        event_id=f"evt_{operation}",
+        provider_operation_id=operation,
+        outcome="orphan",
+        signed_at=now,
+        received_at=now,
+    )
+    values = {
+        "provider": "billing",
+        "idempotency_key": f"{tenant.slug if tenant else 'nobody'}:refund-99",
+        "provider_operation_id": operation,
+        "provider_status": "succeeded",
+        "payload_digest": "sha256:" + "a" * 64,
+        "result": {"refund_id": "re_orphan", "amount": 900, "currency": "EUR"},
+        "received_at": now,
+        **fields,
+    }
+    return OrphanReceipt.objects.create(delivery=delivery, tenant=tenant, **values)

@@ -1,6 +1,7 @@
 """The console in a real browser (Debian's chromium driven by Playwright) against the live
-server: login, the triage poll, an action answered in place, approving by digest, and the
-same forms with JavaScript off.
+server: login, the triage poll, an action answered in place, approving by digest, the same
+forms with JavaScript off, the human queue, freezing an effect type on the controls page, and
+freezing a saga and seeing it stop.
 
 Screenshots go to a temporary folder; set ``CONSOLE_SCREENSHOTS=docs/screenshots`` to refresh
 the ones the docs show.
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from gateway.models import Capability, EffectTypeFreeze
 from tests.console.conftest import (
     BIG_REFUND,
     EMAIL,
@@ -24,10 +26,23 @@ from tests.console.conftest import (
     SHIPMENT,
     TICKET,
     add_attempt,
+    add_orphan,
     add_receipt,
+    open_case,
+    saga_step_effect,
     set_state,
+    start_saga,
     submit,
 )
+
+# What a Claude Code session puts in a command's context (gateway.agent_hooks).
+CLAUDE_CONTEXT = {
+    "runtime": "claude-code",
+    "agent": "refund-bot",
+    "session_id": "sess-4f1c",
+    "run_id": "run-incident-120",
+    "call_id": "toolu_01A",
+}
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -93,7 +108,7 @@ def night_shift(bot):
     now = timezone.now()
     agent = bot.principal
     unknown = set_state(
-        submit(agent, REFUND),
+        submit(agent, REFUND, context=CLAUDE_CONTEXT),
         status="UNKNOWN",
         mismatch=True,
         attempt_count=1,
@@ -132,9 +147,34 @@ def night_shift(bot):
     return {"unknown": unknown, "waiting": waiting}
 
 
-def test_triage_polls_and_redraws_only_on_change(browser, live_server, oscar, night_shift, shots):
+@pytest.fixture
+def stopped_saga(bot):
+    """A run whose compensation failed (frozen, its owner paged), for the triage queue; None
+    while the sagas app is not there."""
+    try:
+        from sagas.models import SagaRun
+    except ImportError:
+        return None
+
+    run = start_saga(bot.principal, order_id="ord_77")
+    SagaRun.objects.filter(pk=run.pk).update(
+        state="COMPENSATION_FAILED",
+        frozen=True,
+        frozen_reason="the refund of charge ch_91 was rejected: owner paged",
+        updated_at=timezone.now() - timedelta(minutes=25),
+    )
+    return run
+
+
+def test_triage_polls_and_redraws_only_on_change(
+    browser, live_server, oscar, night_shift, stopped_saga, shots
+):
     page = page_for(browser, live_server, "oscar@acme")
     assert page.get_by_role("heading", name=re.compile("5 effects need a human")).is_visible()
+    if stopped_saga is not None:
+        assert page.locator(f'.saga-alerts [data-saga="{stopped_saga.pk}"]').is_visible()
+    row = page.locator(f'tr[data-effect="{night_shift["unknown"].pk}"]')
+    assert "claude-code · refund-bot" in row.inner_text()
     page.screenshot(path=shots / "triage.png", full_page=True)
 
     # Someone else freezes an effect: within a poll or two the row says so, without a reload.
@@ -166,6 +206,12 @@ def test_effect_page_diff_and_an_action_in_place(browser, live_server, oscar, ni
     assert page.get_by_role("button", name="Unfreeze").is_visible()
     assert page.locator(".timeline").get_by_text("provider incident INC-7").is_visible()
     page.screenshot(path=shots / "effect-after-freeze.png")
+
+    # Correlation: the run id opens the triage queue filtered by it.
+    page.locator(".correlation-list").get_by_role("link", name="run-incident-120").click()
+    page.wait_for_url(re.compile(r"context\.run_id=run-incident-120"))
+    page.get_by_role("heading", name=re.compile("1 effect needs a human")).wait_for()
+    assert page.locator("tr[data-effect]").count() == 1
     page.context.close()
 
 
@@ -209,4 +255,151 @@ def test_forms_work_without_javascript(browser, live_server, oscar, night_shift)
     assert "Froze" in page.locator("#flash").inner_text()
     effect.refresh_from_db()
     assert effect.frozen
+    page.context.close()
+
+
+def test_take_and_resolve_a_case_in_the_human_queue(
+    browser, live_server, oscar, root, night_shift, shots
+):
+    pytest.importorskip("reconciliation.services")
+    from reconciliation.models import Case
+
+    unknown = night_shift["unknown"]
+    case = open_case(
+        unknown,
+        "mismatch",
+        "the provider recorded something else",
+        digest="sha256:" + "0" * 64,
+        provider_operation_id="op_01TEST",
+    )
+    ticket = set_state(
+        submit(night_shift["unknown"].command.requested_by, TICKET),
+        status="NOT_STARTED",
+        escalated=True,
+        attempt_count=5,
+    )
+    taken = open_case(ticket, "retry_budget_exhausted", "5 dispatch attempts, none arrived")
+    Case.objects.filter(pk=taken.pk).update(
+        state="acknowledged",
+        acknowledged_by=root.principal,
+        acknowledged_at=timezone.now() - timedelta(minutes=3),
+        opened_at=timezone.now() - timedelta(minutes=50),
+    )
+    add_orphan(oscar.principal.tenant, "op_8812", provider_status="succeeded")
+    page = page_for(browser, live_server, "oscar@acme")
+    assert page.locator("#cases-badge").inner_text().startswith("2")
+    page.get_by_role("link", name=re.compile("^Cases")).click()
+    page.wait_for_url(re.compile(r"/cases$"))
+    card = page.locator(f"#case-{case.pk}")
+    assert "the provider recorded something else" in card.inner_text()
+    page.screenshot(path=shots / "cases.png", full_page=True)
+
+    card.get_by_role("button", name="Take the case").click()
+    card.get_by_text("Taken by oscar").wait_for()
+    assert "You took case" in page.locator("#flash").inner_text()
+
+    card.get_by_text("Resolve with evidence…").click()
+    card.get_by_role("radio", name="confirmed — the provider did it").check()
+    card.get_by_label("Evidence").fill("refund re_7f3a of 50.00 EUR in the billing dashboard")
+    card.get_by_role("button", name=re.compile("^Resolve")).click()
+    card.get_by_text("Resolved by oscar").wait_for()
+    assert page.locator("#cases-badge").inner_text().startswith("1")
+    unknown.refresh_from_db()
+    assert unknown.status == "CONFIRMED"
+    page.context.close()
+
+
+def test_freeze_an_effect_type_on_the_controls_page(browser, live_server, oscar, bot, shots):
+    from gateway.capabilities import capability_grant
+
+    grant = capability_grant(
+        granted_by="admin:root",
+        principal=bot.principal,
+        effect_types=["billing.refund.*"],
+        resource_selector="order:ord_*",
+        budget_count=20,
+        budget_amount=100_000,
+        budget_currency="EUR",
+        expires_in=7 * 86400,
+    )
+    Capability.objects.filter(pk=grant.pk).update(spent_count=4, spent_amount=12_500)
+    page = page_for(browser, live_server, "oscar@acme")
+    page.get_by_role("link", name="Controls").click()
+    page.wait_for_url(re.compile(r"/controls$"))
+    row = page.locator('tr[data-type="ticket.create"]')
+    assert "dispatching" in row.inner_text()
+    page.screenshot(path=shots / "controls.png", full_page=True)
+
+    row.get_by_text("Freeze…").click()
+    row.get_by_label("Reason to freeze ticket.create").fill("ticketing provider incident INC-12")
+    row.get_by_role("button", name="Freeze ticket.create").click()
+    page.locator("#flash .flash-success").wait_for()
+    assert "Froze ticket.create" in page.locator("#flash").inner_text()
+    row = page.locator('tr[data-type="ticket.create"]')
+    row.locator(".chip-frozen").wait_for()
+    assert "ticketing provider incident INC-12" in row.inner_text()
+    assert page.locator("#types-heading .count").inner_text().startswith("1")
+    freeze = EffectTypeFreeze.objects.get(tenant_id=oscar.principal.tenant_id)
+    assert (freeze.type, freeze.frozen_by_id) == ("ticket.create", oscar.principal.pk)
+    page.locator("#flash .flash-close").click()
+    page.locator("#types").screenshot(path=shots / "controls-type-frozen.png")
+
+    row.get_by_role("button", name="Unfreeze").click()
+    page.locator('tr[data-type="ticket.create"] .chip-frozen').wait_for(state="detached")
+    assert not EffectTypeFreeze.objects.exists()
+    page.context.close()
+
+
+def test_freeze_a_saga_and_see_it_stop(browser, live_server, oscar, bot, sandbox, shots):
+    pytest.importorskip("sagas.services", reason="the sagas app is not there")
+    from gateway.services import effect_dispatch
+    from sagas.models import SagaStep
+    from sagas.services import saga_advance
+
+    run = start_saga(bot.principal)
+    page = page_for(browser, live_server, "oscar@acme")
+    page.get_by_role("link", name="Sagas").click()
+    page.wait_for_url(re.compile(r"/sagas$"))
+    page.screenshot(path=shots / "sagas.png", full_page=True)
+    page.get_by_role("link", name=run.pk).click()
+    page.wait_for_url(re.compile(rf"/sagas/{run.pk}$"))
+    page.screenshot(path=shots / "saga.png", full_page=True)
+
+    page.get_by_text("Freeze…").click()
+    page.get_by_label("Reason to freeze (optional)").fill("warehouse API incident INC-31")
+    page.get_by_role("button", name="Freeze the saga").click()
+    page.locator("#saga-frozen-note").wait_for()
+    assert "warehouse API incident INC-31" in page.locator("#saga-frozen-note").inner_text()
+    assert "Froze" in page.locator("#flash").inner_text()
+
+    # The dispatcher sends nothing of a frozen saga: the waiting step stays where it is.
+    waiting = saga_step_effect(run, "reserve_inventory")
+    assert effect_dispatch(effect_id=waiting.pk, worker="test") is False
+    assert sandbox.operations() == []
+    assert saga_step_effect(run, "reserve_inventory").status == "PREPARED"
+
+    # Had the step been sent before the freeze and happened, the run goes no further either.
+    first = set_state(
+        waiting,
+        status="CONFIRMED",
+        confirmed_at=timezone.now(),
+        provider_operation_id="op_res_1",
+    )
+    add_receipt(first, result={"reservation_id": "res_77", "state": "held"})
+    assert saga_advance(saga_id=run.pk) is False
+    assert not SagaStep.objects.filter(run=run, name="charge_payment").exists()
+    # The page redraws itself (the 5 s poll) and shows where the run stopped.
+    page.locator('li.step-done[data-step="reserve_inventory"]').wait_for(timeout=15_000)
+    charge = page.locator('li.step[data-step="charge_payment"]')
+    assert "not issued" in charge.inner_text()
+    assert page.locator("#saga-frozen-note").is_visible()
+    page.locator("#flash .flash-close").click()
+    page.screenshot(path=shots / "saga-frozen.png", full_page=True)
+
+    page.get_by_text("Unfreeze…").click()
+    page.get_by_role("button", name="Unfreeze the saga").click()
+    page.locator("#saga-frozen-note").wait_for(state="detached")
+    assert saga_advance(saga_id=run.pk)
+    charge.locator(".badge").wait_for(timeout=15_000)
+    assert "not issued" not in charge.inner_text()
     page.context.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from datetime import timedelta
 
 import pytest
@@ -11,7 +10,6 @@ from django.utils import timezone
 
 from gateway import services as ledger
 from gateway.models import Command, Effect
-from reconciliation import services as reconciliation
 from sagas import selectors, services
 from sagas.models import SagaEvent, SagaRun, SagaStep
 from sagas.tasks import advance_saga, sweep_sagas
@@ -92,10 +90,6 @@ def test_a_frozen_saga_issues_nothing_until_unfrozen(agent, operator, sandbox, s
     assert kinds.index("frozen") < kinds.index("unfrozen")
 
 
-@pytest.mark.skipif(
-    "saga_blocks_dispatch" not in inspect.getsource(ledger.effect_claim),
-    reason="gateway.services.effect_claim does not ask sagas.selectors.saga_blocks_dispatch yet",
-)
 def test_the_dispatcher_sends_nothing_of_a_frozen_saga(agent, operator, sandbox):
     saga_id = begin(agent)
     operator.client.post(f"/api/v1/sagas/{saga_id}/freeze", {}, format="json")
@@ -124,10 +118,6 @@ def test_the_mismatch_hook_freezes_once_per_effect(agent, operator, sandbox):
     assert services.saga_freeze(saga_id="sag_nope", actor="reconciler", reason="x") is False
 
 
-@pytest.mark.skipif(
-    "saga_freeze" not in inspect.getsource(reconciliation.on_mismatch),
-    reason="reconciliation.services.on_mismatch does not call sagas.services.saga_freeze yet",
-)
 def test_a_mismatch_found_by_the_reconciler_freezes_the_saga(start, settle, operator, sandbox):
     # The provider commits, the answer is lost, and what it recorded is not what was sent:
     # the effect stays UNKNOWN and only the reconciler's lookup finds the mismatch.
