@@ -27,6 +27,13 @@ GENESIS = "0" * 64
 
 
 def _link_body(event: EffectEvent) -> dict[str, Any]:
+    body = _effect_link_body(event)
+    if event.subject:
+        body["subject"] = event.subject
+    return body
+
+
+def _effect_link_body(event: EffectEvent) -> dict[str, Any]:
     return {
         "tenant": event.tenant_id,
         "effect": event.effect_id,
@@ -68,6 +75,35 @@ def append(event: EffectEvent) -> EffectEvent:
         last_hash=event.hash, last_event_id=event.pk, length=head.length + 1
     )
     return event
+
+
+def record_control(
+    *,
+    tenant_id: int,
+    kind: str,
+    subject: str,
+    actor: str,
+    principal=None,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+) -> EffectEvent:
+    """A tenant-level control action (grant, revocation, freeze) as a link of the chain."""
+    from django.utils import timezone
+
+    with transaction.atomic():
+        return append(
+            EffectEvent(
+                tenant_id=tenant_id,
+                effect=None,
+                subject=subject,
+                kind=kind,
+                actor=actor,
+                principal=principal,
+                reason=reason,
+                data=data or {},
+                created_at=timezone.now(),
+            )
+        )
 
 
 @dataclass(frozen=True)

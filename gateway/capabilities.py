@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from gateway import audit
 from gateway.choices import Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
@@ -129,28 +130,54 @@ def capability_grant(
         raise ValidationProblem(
             "Name the effect types (patterns allowed).", errors={"effect_types": ["required"]}
         )
-    return Capability.objects.create(
-        id=new_id("cap"),
-        tenant_id=principal.tenant_id,
-        principal=principal,
-        effect_types=effect_types,
-        resource_selector=resource_selector or "*",
-        budget_count=budget_count,
-        budget_amount=budget_amount,
-        budget_currency=budget_currency,
-        expires_at=timezone.now() + timedelta(seconds=expires_in) if expires_in else None,
-        created_by=granted_by,
-    )
+    with transaction.atomic():
+        capability = Capability.objects.create(
+            id=new_id("cap"),
+            tenant_id=principal.tenant_id,
+            principal=principal,
+            effect_types=effect_types,
+            resource_selector=resource_selector or "*",
+            budget_count=budget_count,
+            budget_amount=budget_amount,
+            budget_currency=budget_currency,
+            expires_at=timezone.now() + timedelta(seconds=expires_in) if expires_in else None,
+            created_by=granted_by,
+        )
+        audit.record_control(
+            tenant_id=principal.tenant_id,
+            kind="capability_granted",
+            subject=f"capability:{capability.pk}",
+            actor=granted_by,
+            data={
+                "principal": principal.name,
+                "effect_types": effect_types,
+                "resource_selector": capability.resource_selector,
+                "budget_count": budget_count,
+                "budget_amount": budget_amount,
+                "budget_currency": budget_currency,
+                "expires_in": expires_in,
+            },
+        )
+    return capability
 
 
 def capability_revoke(*, capability: Capability, principal: Principal, reason: str) -> Capability:
     if principal.role not in FREEZER_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot revoke grants.")
-    changed = Capability.objects.filter(pk=capability.pk, revoked_at__isnull=True).update(
-        revoked_at=timezone.now(), revoked_reason=reason or f"revoked by {principal.name}"
-    )
-    if not changed:
-        raise InvalidTransition(f"Capability {capability.pk} is already revoked.")
+    with transaction.atomic():
+        changed = Capability.objects.filter(pk=capability.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now(), revoked_reason=reason or f"revoked by {principal.name}"
+        )
+        if not changed:
+            raise InvalidTransition(f"Capability {capability.pk} is already revoked.")
+        audit.record_control(
+            tenant_id=capability.tenant_id,
+            kind="capability_revoked",
+            subject=f"capability:{capability.pk}",
+            actor=principal.label,
+            principal=principal,
+            reason=reason,
+        )
     capability.refresh_from_db()
     return capability
 
@@ -161,24 +188,48 @@ def effect_type_set_frozen(
     """Freeze or unfreeze a whole effect type for a tenant; True when something changed."""
     if principal.role not in FREEZER_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot freeze effect types.")
-    if frozen:
-        try:
-            with transaction.atomic():
-                EffectTypeFreeze.objects.create(
-                    tenant_id=tenant_id, type=effect_type, reason=reason, frozen_by=principal
-                )
-        except IntegrityError:
-            return False
-        return True
-    deleted, _ = EffectTypeFreeze.objects.filter(tenant_id=tenant_id, type=effect_type).delete()
-    return bool(deleted)
+    with transaction.atomic():
+        if frozen:
+            try:
+                with transaction.atomic():  # a savepoint: it may be frozen already
+                    EffectTypeFreeze.objects.create(
+                        tenant_id=tenant_id, type=effect_type, reason=reason, frozen_by=principal
+                    )
+            except IntegrityError:
+                return False
+        else:
+            deleted, _ = EffectTypeFreeze.objects.filter(
+                tenant_id=tenant_id, type=effect_type
+            ).delete()
+            if not deleted:
+                return False
+        audit.record_control(
+            tenant_id=tenant_id,
+            kind="type_frozen" if frozen else "type_unfrozen",
+            subject=f"type:{effect_type}",
+            actor=principal.label,
+            principal=principal,
+            reason=reason,
+        )
+    return True
 
 
-def principal_set_frozen(*, target: Principal, principal: Principal, frozen: bool) -> Principal:
+def principal_set_frozen(
+    *, target: Principal, principal: Principal, frozen: bool, reason: str = ""
+) -> Principal:
     if principal.role not in FREEZER_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot freeze principals.")
     if target.tenant_id != principal.tenant_id:
         raise NotFound(f"No principal {target.name}.")
-    Principal.objects.filter(pk=target.pk).update(frozen=frozen)
+    with transaction.atomic():
+        if Principal.objects.filter(pk=target.pk, frozen=not frozen).update(frozen=frozen):
+            audit.record_control(
+                tenant_id=target.tenant_id,
+                kind="principal_frozen" if frozen else "principal_unfrozen",
+                subject=f"principal:{target.name}",
+                actor=principal.label,
+                principal=principal,
+                reason=reason,
+            )
     target.frozen = frozen
     return target

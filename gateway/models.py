@@ -369,10 +369,16 @@ class Receipt(models.Model):
 
 
 class EffectEvent(models.Model):
-    """An append-only line of an effect's history: who or what, when, from, to, why."""
+    """An append-only line of an effect's history (or of a tenant's control actions): who or
+    what, when, from, to, why."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
-    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="events")
+    # None for a tenant-level control action (a grant, a freeze of a type or principal).
+    effect = models.ForeignKey(
+        Effect, null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+    )
+    # What a control action acted on: "capability:cap_…", "principal:name", "type:…".
+    subject = models.CharField(max_length=200, blank=True)
     kind = models.CharField(max_length=40)
     from_status = models.CharField(max_length=24, blank=True)
     to_status = models.CharField(max_length=24, blank=True)

@@ -1504,7 +1504,9 @@ def principal_freeze(request: HttpRequest, name: str, verb: str) -> HttpResponse
     freeze = verb == "freeze"
 
     def run(data: dict[str, Any]) -> str:
-        capabilities.principal_set_frozen(target=target, principal=principal, frozen=freeze)
+        capabilities.principal_set_frozen(
+            target=target, principal=principal, frozen=freeze, reason=data.get("reason", "")
+        )
         if freeze:
             return (
                 f"Froze {target.name}: it may submit, approve or operate nothing, and none of "
@@ -1512,7 +1514,6 @@ def principal_freeze(request: HttpRequest, name: str, verb: str) -> HttpResponse
             )
         return f"Unfroze {target.name}."
 
-    # principal_set_frozen takes no reason (nor does the API): the form has no field.
     return _controls_perform(request, form=forms.Form(request.POST), run=run, section="principals")
 
 

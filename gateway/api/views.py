@@ -393,7 +393,11 @@ class PrincipalFreezeView(APIView):
         target = Principal.objects.filter(tenant_id=principal.tenant_id, name=name).first()
         if target is None:
             raise NotFound(f"No principal {name}.")
+        body = _valid(ReasonSerializer, request)
         capabilities.principal_set_frozen(
-            target=target, principal=principal, frozen=verb == "freeze"
+            target=target,
+            principal=principal,
+            frozen=verb == "freeze",
+            reason=body.get("reason", ""),
         )
         return Response({"principal": name, "frozen": target.frozen})

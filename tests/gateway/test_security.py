@@ -382,3 +382,43 @@ def test_security_headers(agent):
     assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert response.headers["X-Frame-Options"] == "DENY"
     assert response.headers["Referrer-Policy"] == "same-origin"
+
+
+def test_grants_revocations_and_freezes_are_chained_audit_events(agent, operator, admin, capsys):
+    granted = admin.client.post(
+        "/api/v1/capabilities",
+        {"principal": "refund-bot", "effect_types": ["ticket.*"]},
+        format="json",
+    ).json()
+    operator.client.post(
+        f"/api/v1/capabilities/{granted['id']}/revoke", {"reason": "rotated"}, format="json"
+    )
+    operator.client.post(
+        "/api/v1/effect-types/ticket.create/freeze", {"reason": "incident"}, format="json"
+    )
+    operator.client.post(
+        "/api/v1/effect-types/ticket.create/unfreeze", {"reason": "fixed"}, format="json"
+    )
+    operator.client.post(
+        "/api/v1/principals/refund-bot/freeze", {"reason": "looping"}, format="json"
+    )
+    controls = list(
+        EffectEvent.objects.filter(effect__isnull=True)
+        .order_by("id")
+        .values_list("kind", "subject", "actor", "reason")
+    )
+    kinds = [kind for kind, *_ in controls]
+    # The first grant is issue_token's (agent fixture); then the admin's grant and the rest.
+    assert kinds[-5:] == [
+        "capability_granted",
+        "capability_revoked",
+        "type_frozen",
+        "type_unfrozen",
+        "principal_frozen",
+    ]
+    assert ("capability_revoked", f"capability:{granted['id']}", "operator:oscar", "rotated") in (
+        controls
+    )
+    assert ("principal_frozen", "principal:refund-bot", "operator:oscar", "looping") in controls
+    call_command("verify_audit")
+    assert "acme: chain intact" in capsys.readouterr().out
