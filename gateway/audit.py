@@ -66,14 +66,16 @@ def lock_chain(tenant_id: int) -> AuditChainHead:
 
 
 def append(event: EffectEvent) -> EffectEvent:
-    """Chain and insert ``event`` (unsaved). Must run inside a transaction."""
-    head = lock_chain(event.tenant_id)
-    event.prev_hash = head.last_hash
-    event.hash = link_hash(head.last_hash, event)
-    event.save(force_insert=True)
-    AuditChainHead.objects.filter(pk=head.pk).update(
-        last_hash=event.hash, last_event_id=event.pk, length=head.length + 1
-    )
+    """Chain and insert ``event`` (unsaved). Inside the caller's transaction it commits with
+    the change it records (the head stays locked until then); called alone, it is its own."""
+    with transaction.atomic():
+        head = lock_chain(event.tenant_id)
+        event.prev_hash = head.last_hash
+        event.hash = link_hash(head.last_hash, event)
+        event.save(force_insert=True)
+        AuditChainHead.objects.filter(pk=head.pk).update(
+            last_hash=event.hash, last_event_id=event.pk, length=head.length + 1
+        )
     return event
 
 

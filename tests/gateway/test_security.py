@@ -340,13 +340,14 @@ def test_removing_the_last_event_is_reported(agent, sandbox, capsys):
 )
 def test_the_database_refuses_to_rewrite_history(agent, sandbox, statement):
     dispatch(agent.submit(TICKET, "t1").json()["effect_id"])
+    events = EffectEvent.objects.count()
     with (
         pytest.raises(DatabaseError, match=r"append-only|frozen"),
         transaction.atomic(),
         connection.cursor() as cursor,
     ):
         cursor.execute(statement)
-    assert EffectEvent.objects.count() == 3
+    assert EffectEvent.objects.count() == events
 
 
 # --- the usual ----------------------------------------------------------------------------------
@@ -420,5 +421,17 @@ def test_grants_revocations_and_freezes_are_chained_audit_events(agent, operator
         controls
     )
     assert ("principal_frozen", "principal:refund-bot", "operator:oscar", "looping") in controls
+    call_command("verify_audit")
+    assert "acme: chain intact" in capsys.readouterr().out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_event_appended_outside_a_transaction_is_chained(agent, capsys):
+    from gateway import services as ledger
+
+    effect = Effect.objects.get(pk=agent.submit(TICKET, "t1").json()["effect_id"])
+    # No transaction is open here (autocommit): the append makes its own.
+    ledger._event(effect, kind="note", actor="test", reason="outside any transaction")
+    assert EffectEvent.objects.filter(effect=effect, kind="note").count() == 1
     call_command("verify_audit")
     assert "acme: chain intact" in capsys.readouterr().out
