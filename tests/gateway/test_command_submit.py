@@ -10,7 +10,8 @@ pytestmark = pytest.mark.django_db
 
 
 def ledger_counts() -> tuple[int, int, int]:
-    return Command.objects.count(), Effect.objects.count(), EffectEvent.objects.count()
+    effect_events = EffectEvent.objects.filter(effect__isnull=False).count()
+    return Command.objects.count(), Effect.objects.count(), effect_events
 
 
 def test_new_key_is_201_with_the_effect(agent, refund_body):
