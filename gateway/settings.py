@@ -292,6 +292,8 @@ GATEWAY_WEBHOOK_BACKOFF = env_number("GATEWAY_WEBHOOK_BACKOFF", 5)
 GATEWAY_WEBHOOK_MAX_ATTEMPTS = env_int("GATEWAY_WEBHOOK_MAX_ATTEMPTS", 12)
 GATEWAY_WEBHOOK_SWEEP_INTERVAL = env_number("GATEWAY_WEBHOOK_SWEEP_INTERVAL", 5)
 GATEWAY_WEBHOOK_ALLOW_HTTP = env_bool("GATEWAY_WEBHOOK_ALLOW_HTTP", False)
+# Receivers on private, loopback or link-local addresses (SSRF guard): refused in production.
+GATEWAY_WEBHOOK_ALLOW_PRIVATE = env_bool("GATEWAY_WEBHOOK_ALLOW_PRIVATE", not PRODUCTION)
 GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 
 # How long an active saga may go without news before the sweeper advances it again.

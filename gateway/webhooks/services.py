@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import random
+import socket
 import time
 from datetime import timedelta
 from functools import partial
@@ -71,6 +72,33 @@ def _require_operator(principal: Principal) -> None:
         raise NotPermitted(f"Principal {principal.name} is frozen.")
 
 
+# Addresses a receiver may not have unless GATEWAY_WEBHOOK_ALLOW_PRIVATE: outgoing webhooks
+# must not become a way to reach the gateway's own network (SSRF).
+_INTERNAL = (
+    "is_private",
+    "is_loopback",
+    "is_link_local",
+    "is_reserved",
+    "is_multicast",
+    "is_unspecified",
+)
+
+
+def internal_address(host: str) -> str | None:
+    """The first internal address ``host`` resolves to, or None (also when allowed)."""
+    if getattr(settings, "GATEWAY_WEBHOOK_ALLOW_PRIVATE", True):
+        return None
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror:
+        return None  # unresolvable: nothing can be reached; the delivery fails and retries
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        if any(getattr(address, attribute) for attribute in _INTERNAL):
+            return str(address)
+    return None
+
+
 def _validate_url(url: str) -> list[str]:
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
@@ -85,6 +113,9 @@ def _validate_url(url: str) -> list[str]:
             loopback = False
         if not loopback:
             return ["must be https (plain http is accepted for loopback receivers only)"]
+    internal = internal_address(parts.hostname)
+    if internal:
+        return [f"resolves to {internal}, an internal address; receivers must be public"]
     return []
 
 
@@ -276,6 +307,11 @@ def webhook_deliver(*, message_id: str) -> bool:
     )
     status: int | None = None
     error = ""
+    # Resolved again now, not only at registration: the name may point elsewhere since.
+    internal = internal_address(urlsplit(endpoint.url).hostname or "")
+    if internal:
+        _refuse_internal(message, endpoint, attempt=attempt, address=internal)
+        return True
     try:
         response = httpx.post(
             endpoint.url,
@@ -292,6 +328,22 @@ def webhook_deliver(*, message_id: str) -> bool:
         error = f"{type(exc).__name__}: {exc}"[:500]
     _record_attempt(message, endpoint, attempt=attempt, status=status, error=error)
     return True
+
+
+def _refuse_internal(
+    message: WebhookMessage, endpoint: WebhookEndpoint, *, attempt: int, address: str
+) -> None:
+    """Nothing is sent; the endpoint is switched off until an operator looks at it."""
+    now = timezone.now()
+    reason = f"{endpoint.url} resolved to {address}, an internal address: not sent"
+    with transaction.atomic():
+        WebhookMessage.objects.filter(pk=message.pk, state=M.PENDING, attempts=attempt).update(
+            state=M.GONE, next_attempt_at=None, last_status=None, last_error=reason
+        )
+        WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True).update(
+            enabled=False, disabled_reason=reason, updated_at=now
+        )
+    logger.warning("webhook refused", extra={"webhook_endpoint": endpoint.pk, "address": address})
 
 
 def _record_attempt(

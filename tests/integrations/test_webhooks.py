@@ -271,3 +271,38 @@ def test_a_real_worker_delivers_and_beat_retries(
     message = WebhookMessage.objects.get()
     assert (message.state, message.attempts) == ("delivered", 2)
     assert "Traceback" not in worker.output()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1/hooks",
+        "https://10.1.2.3/hooks",
+        "https://169.254.169.254/latest/meta-data",
+        "https://[::1]/hooks",
+        "https://localhost/hooks",
+    ],
+)
+def test_internal_receivers_are_refused_when_private_addresses_are_not_allowed(
+    operator, settings, url
+):
+    settings.GATEWAY_WEBHOOK_ALLOW_PRIVATE = False
+    response = operator.client.post("/api/v1/webhook-endpoints", {"url": url}, format="json")
+    assert response.status_code == 400
+    assert "internal address" in str(response.json()["errors"])
+    assert WebhookEndpoint.objects.count() == 0
+
+
+def test_a_receiver_that_turns_internal_is_not_sent_to(
+    agent, ticket_body, sandbox, eager_tasks, receiver, webhook_endpoint, settings
+):
+    # Registered while allowed (as on this loopback test receiver); then the policy (or the
+    # name's DNS answer) changes: the delivery re-checks and sends nothing.
+    endpoint_id, _ = webhook_endpoint
+    settings.GATEWAY_WEBHOOK_ALLOW_PRIVATE = False
+    confirmed_ticket(agent, ticket_body, "t1")
+    assert receiver.deliveries == []
+    endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
+    assert endpoint.enabled is False
+    assert "internal address" in endpoint.disabled_reason
+    assert WebhookMessage.objects.get().state == "gone"
