@@ -199,6 +199,16 @@ def _saga_blocks_dispatch(saga_id: str) -> bool:
     return saga_blocks_dispatch(saga_id)
 
 
+def _exclude_frozen_sagas(query):
+    """Effects of a frozen saga wait where they are: sending them to a worker that will
+    refuse them every sweep is noise."""
+    try:
+        from sagas.models import SagaRun
+    except ImportError:  # the sagas app is optional for the ledger
+        return query
+    return query.exclude(command__saga_id__in=SagaRun.objects.filter(frozen=True).values("pk"))
+
+
 def _notify_saga(saga_id: str) -> None:
     try:
         from sagas.tasks import advance_saga
@@ -945,7 +955,9 @@ def dispatch_sweep(*, limit: int = 500) -> int:
         with transaction.atomic():
             expired += effect_expire(effect=effect, actor="sweeper")
     due = list(
-        Effect.objects.filter(status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False)
+        _exclude_frozen_sagas(
+            Effect.objects.filter(status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False)
+        )
         .order_by("next_dispatch_at")
         .values_list("pk", "next_dispatch_at")[:limit]
     )

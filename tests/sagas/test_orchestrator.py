@@ -99,6 +99,19 @@ def test_the_dispatcher_sends_nothing_of_a_frozen_saga(agent, operator, sandbox)
     assert sandbox.operations() == []
 
 
+def test_the_sweeper_leaves_a_frozen_sagas_effects_alone(agent, operator, sandbox):
+    from django.utils import timezone
+
+    saga_id = begin(agent)
+    effect = step_effect(saga_id, "reserve_inventory")
+    Effect.objects.filter(pk=effect.pk).update(next_dispatch_at=timezone.now())
+    operator.client.post(f"/api/v1/sagas/{saga_id}/freeze", {}, format="json")
+    assert ledger.dispatch_sweep() == 0
+    operator.client.post(f"/api/v1/sagas/{saga_id}/unfreeze", {}, format="json")
+    Effect.objects.filter(pk=effect.pk).update(next_dispatch_at=timezone.now())
+    assert ledger.dispatch_sweep() == 1
+
+
 def test_the_mismatch_hook_freezes_once_per_effect(agent, operator, sandbox):
     saga_id = begin(agent)
     effect_id = step_effect(saga_id, "reserve_inventory").pk
