@@ -1,6 +1,9 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from django.utils.csp import CSP
+from django.views.decorators.csp import csp_override
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gateway import health
 from reconciliation import views as reconciliation_views
@@ -10,7 +13,14 @@ urlpatterns = [
     path("api/v1/", include("gateway.webhooks.api.urls")),
     path("hooks/claude-code/", include("gateway.agent_hooks.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        # Swagger UI's script is served as a file (split view); it styles elements inline.
+        csp_override({**settings.SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]})(
+            SpectacularSwaggerSplitView.as_view(url_name="schema")
+        ),
+        name="api-docs",
+    ),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", reconciliation_views.metrics, name="metrics"),

@@ -27,6 +27,16 @@
     return true;
   };
 
+  // Polling fragments carry data-poll. A poll that pollAllowed() refuses is dropped before
+  // it is sent (a cancelled htmx:beforeRequest), so no trigger filter has to be evaluated:
+  // htmx runs with allowEval off under the Content-Security-Policy.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var element = event.detail.elt;
+    if (element && element.hasAttribute("data-poll") && !window.pollAllowed(element)) {
+      event.preventDefault();
+    }
+  });
+
   document.addEventListener("click", function (event) {
     var button = event.target.closest(".flash-close");
     if (button) button.closest(".flash").remove();

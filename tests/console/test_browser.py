@@ -403,3 +403,27 @@ def test_freeze_a_saga_and_see_it_stop(browser, live_server, oscar, bot, sandbox
     charge.locator(".badge").wait_for(timeout=15_000)
     assert "not issued" not in charge.inner_text()
     page.context.close()
+
+
+def test_no_page_breaks_the_content_security_policy(
+    browser, live_server, oscar, night_shift, stopped_saga
+):
+    page = page_for(browser, live_server, "oscar@acme")
+    # Every later navigation records CSP violations and any eval htmx was refused.
+    page.add_init_script(
+        "window.__violations = [];"
+        "document.addEventListener('securitypolicyviolation', e =>"
+        "  window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));"
+        "document.addEventListener('htmx:evalDisallowedError', () =>"
+        "  window.__violations.push('htmx wanted eval'));"
+    )
+    effect = night_shift["unknown"]
+    seen: list[str] = []
+    for path in ("/effects/" + effect.pk, "/approvals", "/cases", "/sagas", "/controls", "/"):
+        page.goto(f"{live_server.url}{path}")
+        page.wait_for_load_state("networkidle")
+        if path == "/":
+            page.wait_for_timeout(5_500)  # a 5-second poll fires
+        seen += page.evaluate("window.__violations")
+    assert seen == []
+    page.context.close()

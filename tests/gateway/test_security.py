@@ -435,3 +435,13 @@ def test_an_event_appended_outside_a_transaction_is_chained(agent, capsys):
     assert EffectEvent.objects.filter(effect=effect, kind="note").count() == 1
     call_command("verify_audit")
     assert "acme: chain intact" in capsys.readouterr().out
+
+
+def test_pages_carry_a_strict_content_security_policy(client, agent):
+    policy = client.get("/login").headers.get("Content-Security-Policy", "")
+    assert "script-src 'self'" in policy
+    assert "unsafe-eval" not in policy and "unsafe-inline" not in policy
+    assert "frame-ancestors 'none'" in policy
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    assert "<script>" not in docs.content.decode()  # the split view serves its script as a file
