@@ -63,6 +63,11 @@ def capability_reserve(
             f"{resource.get('type')}:{resource.get('id')}. Ask an admin for a grant."
         )
     for cap in candidates:
+        if cap.budget_count is None and cap.budget_amount is None:
+            # Nothing to reserve: no UPDATE, so one agent's submissions do not queue on its
+            # grant's row (measured: the largest lock wait under load). A revocation racing
+            # this submission is caught again at dispatch.
+            return cap, 0
         if amount and cap.budget_amount is not None and cap.budget_currency not in ("", currency):
             continue
         # Compare-and-set on the budget against concurrent submissions under this grant.
@@ -86,7 +91,8 @@ def capability_release(command: Command) -> None:
     rejected before dispatch). Called once, when the effect reaches that end."""
     if command.capability_id is None:
         return
-    Capability.objects.filter(pk=command.capability_id).update(
+    budgeted = Q(budget_count__isnull=False) | Q(budget_amount__isnull=False)
+    Capability.objects.filter(budgeted, pk=command.capability_id).update(
         spent_count=F("spent_count") - 1, spent_amount=F("spent_amount") - command.budget_amount
     )
 

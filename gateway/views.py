@@ -1353,7 +1353,7 @@ def _grant_row(grant: Capability, now: datetime) -> GrantRow:
     count = (
         f"{grant.spent_count} of {grant.budget_count}"
         if grant.budget_count is not None
-        else f"{grant.spent_count} (no limit)"
+        else "no limit"
     )
     amount = "—"
     if grant.budget_amount is not None:

@@ -131,6 +131,15 @@ def test_grants_are_scoped_by_type_and_resource(scoped_agent):
     assert scoped_agent.submit(BIG_REFUND, "r1").status_code == 403
 
 
+def test_an_unlimited_grant_reserves_nothing(scoped_agent):
+    cap = grant(scoped_agent, effect_types=["ticket.*"])
+    assert scoped_agent.submit(TICKET, "t1").status_code == 201
+    assert scoped_agent.submit(TICKET, "t2").status_code == 201
+    cap.refresh_from_db()
+    assert (cap.spent_count, cap.spent_amount) == (0, 0)
+    assert Command.objects.filter(capability=cap).count() == 2
+
+
 def test_a_count_budget_is_spent_and_then_refused(scoped_agent):
     cap = grant(scoped_agent, effect_types=["ticket.create"], budget_count=2)
     assert scoped_agent.submit(TICKET, "t1").status_code == 201
