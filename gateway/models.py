@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from gateway.choices import (
+    BEFORE_DISPATCH,
     DISPATCHABLE,
     TO_RECONCILE,
     ApprovalState,
@@ -284,6 +285,13 @@ class Effect(models.Model):
                 fields=["next_dispatch_at"],
                 name="effect_dispatch_due",
                 condition=Q(status__in=sorted(DISPATCHABLE)),
+            ),
+            # The sweeper's expiry pass (every GATEWAY_SWEEP_INTERVAL): effects not yet sent,
+            # joined to their command's expires_at. Without it, a full scan every few seconds.
+            models.Index(
+                fields=["status"],
+                name="effect_before_dispatch",
+                condition=Q(status__in=sorted(BEFORE_DISPATCH)),
             ),
             # Lease recovery: DISPATCHING claims whose lease ran out.
             models.Index(

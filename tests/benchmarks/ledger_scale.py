@@ -73,6 +73,10 @@ def main() -> int:
         "dispatch sweeper: due effects": Effect.objects.filter(
             status__in=["PREPARED", "NOT_STARTED"], next_dispatch_at__lte=now, frozen=False
         ).order_by("next_dispatch_at")[:500],
+        "dispatch sweeper: expiry pass": Effect.objects.select_related("command").filter(
+            status__in=["PREPARED", "NOT_STARTED", "AWAITING_APPROVAL"],
+            command__expires_at__lte=now,
+        )[:500],
         "lease recovery": Effect.objects.filter(
             status="DISPATCHING", lease_expires_at__lte=now + timedelta(days=1)
         ).order_by("lease_expires_at")[:500],
