@@ -286,6 +286,13 @@ if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
     raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
 GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
+# A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
+# let recovery declare a call that is still running UNKNOWN and the reconciler race it.
+if GATEWAY_DISPATCH_LEASE <= 2 * GATEWAY_PROVIDER_TIMEOUT:
+    raise ImproperlyConfigured(
+        f"GATEWAY_DISPATCH_LEASE ({GATEWAY_DISPATCH_LEASE:g}s) must be longer than twice "
+        f"GATEWAY_PROVIDER_TIMEOUT ({GATEWAY_PROVIDER_TIMEOUT:g}s)"
+    )
 GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)
 # How long a PREPARED/NOT_STARTED effect may wait for its task before the sweeper enqueues
 # it again (the broker may have lost the message), and how often the sweeper looks.

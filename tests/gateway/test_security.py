@@ -454,3 +454,28 @@ def test_pages_carry_a_strict_content_security_policy(client, agent):
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert "<script>" not in docs.content.decode()  # the split view serves its script as a file
+
+
+@pytest.mark.parametrize(
+    ("lease", "timeout", "starts"), [("15", "10", False), ("20", "10", False), ("21", "10", True)]
+)
+def test_a_lease_shorter_than_a_dispatch_is_refused_at_start(lease, timeout, starts):
+    import subprocess
+    import sys
+
+    env = {
+        **__import__("os").environ,
+        "GATEWAY_DISPATCH_LEASE": lease,
+        "GATEWAY_PROVIDER_TIMEOUT": timeout,
+        "DJANGO_SETTINGS_MODULE": "gateway.settings",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode == 0) is starts, result.stderr[-500:]
+    if not starts:
+        assert "must be longer than twice" in result.stderr

@@ -19,7 +19,7 @@ from tests.support.processes import Celery
 
 # Fast clocks for the children, so recovery takes seconds instead of minutes.
 RECOVERY_ENV = {
-    "GATEWAY_DISPATCH_LEASE": "3",
+    "GATEWAY_DISPATCH_LEASE": "4",
     "GATEWAY_PROVIDER_TIMEOUT": "1.5",
     "GATEWAY_RECONCILE_INTERVAL": "1",
     "GATEWAY_RECONCILE_BACKOFF": "0.5",
