@@ -27,6 +27,10 @@ _STATUS_OUTCOME = {
 }
 
 
+# 4xx answers that are transient, not refusals: timeout, too early, rate limited.
+_COME_BACK_LATER = frozenset({408, 425, 429})
+
+
 def _client(timeout: float) -> httpx.Client:
     # No keep-alive: a reused connection that the server already closed would fail after the
     # request was written, turning a clean "not sent" into an UNKNOWN.
@@ -124,6 +128,15 @@ def classify_response(
             http_status=code,
             error=str(error),
             mismatch=True,
+        )
+    if code in _COME_BACK_LATER:
+        # Not a business decision: the provider (or a proxy) turned the request away for now.
+        # Whether anything was committed is asked by key before anything is sent again.
+        return CallResult(
+            Outcome.UNKNOWN,
+            f"HTTP {code}: the provider asked to come back later",
+            http_status=code,
+            error=str(error),
         )
     if 400 <= code < 500:
         return CallResult(

@@ -294,3 +294,17 @@ def test_sweeper_expires_commands_that_ran_out(sandbox, agent, ticket_body):
     effect.refresh_from_db()
     assert effect.status == "EXPIRED"
     assert sandbox.log() == []
+
+
+@pytest.mark.parametrize("status", [408, 429])
+def test_rate_limited_or_timed_out_answers_are_not_failures(sandbox, agent, ticket_body, status):
+    # A 429 is "not now", not "no": the gateway asks by key, finds nothing, and sends again
+    # later with the same key instead of giving the effect up as REJECTED.
+    sandbox.add_fault("reject", times=1, status=status, error="slow_down")
+    effect = dispatch(submit(agent, ticket_body, "t1"))
+    assert effect.status == "NOT_STARTED"
+    assert provider_ops(sandbox, effect) == []
+    effect = dispatch(effect)
+    assert effect.status == "CONFIRMED"
+    assert len(provider_ops(sandbox, effect)) == 1
+    assert {e["idempotency_key"] for e in posts(sandbox, effect)} == {effect.command.provider_key}
