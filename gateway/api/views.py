@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from gateway import capabilities, selectors, services
 from gateway.api.auth import principal_of
+from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import (
     ApproveSerializer,
     CapabilityGrantSerializer,
@@ -51,28 +52,6 @@ def _effect_response(request: Request, effect: Effect, code: int = 200, **header
     fresh = selectors.effect_get(principal=principal_of(request), effect_id=effect.pk)
     body = EffectSerializer(fresh, context={"principal": principal_of(request)}).data
     return Response(body, status=code, headers=headers or None)
-
-
-def idempotency_key_parameter(what: str) -> OpenApiParameter:
-    return OpenApiParameter(
-        "Idempotency-Key",
-        OpenApiTypes.STR,
-        OpenApiParameter.HEADER,
-        required=True,
-        description=f"A stable business key: the same key always means the same {what}.",
-    )
-
-
-def idempotency_key_from(request: Request, *, what: str, example: str) -> str:
-    """The Idempotency-Key header, or a 400 that says how to make a good one."""
-    key = request.headers.get("Idempotency-Key")
-    if not key:
-        raise ValidationProblem(
-            f"The Idempotency-Key header is required: a stable business key for this {what} "
-            f"(e.g. {example}), never a random id per attempt.",
-            errors={"Idempotency-Key": ["required"]},
-        )
-    return key
 
 
 class CommandSubmitView(APIView):
@@ -187,7 +166,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
         effect = self.get_object()
-        body = _valid(ApproveSerializer, request)
+        body = valid_body(ApproveSerializer, request)
         services.effect_approve(
             effect=effect,
             principal=principal_of(request),
@@ -200,7 +179,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         effect = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         services.effect_reject(
             effect=effect, principal=principal_of(request), reason=body.get("reason", "")
         )
@@ -210,7 +189,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         effect = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         services.effect_cancel(
             effect=effect, principal=principal_of(request), reason=body.get("reason", "")
         )
@@ -225,7 +204,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def compensate(self, request, pk=None):
         effect = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         reason = body.get("reason", "").strip()
         if not reason:
             raise ValidationProblem(
@@ -244,7 +223,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def freeze(self, request, pk=None):
         effect = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         services.effect_set_frozen(
             effect=effect,
             principal=principal_of(request),
@@ -257,7 +236,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def unfreeze(self, request, pk=None):
         effect = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         services.effect_set_frozen(
             effect=effect,
             principal=principal_of(request),
@@ -265,13 +244,6 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
             reason=body.get("reason", ""),
         )
         return _effect_response(request, effect)
-
-
-def _valid(serializer_class, request: Request) -> dict:
-    data = request.data if request.data else {}
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 def _parse_wait(raw: str | None) -> float:
@@ -336,7 +308,7 @@ class CapabilityViewSet(viewsets.ReadOnlyModelViewSet):
         principal = principal_of(request)
         if principal.role not in capabilities.GRANTOR_ROLES:
             raise NotPermitted("Only an admin grants capabilities.")
-        body = _valid(CapabilityGrantSerializer, request)
+        body = valid_body(CapabilityGrantSerializer, request)
         target = Principal.objects.filter(
             tenant_id=principal.tenant_id, name=body["principal"]
         ).first()
@@ -358,7 +330,7 @@ class CapabilityViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):
         grant = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         grant = capabilities.capability_revoke(
             capability=grant, principal=principal_of(request), reason=body.get("reason", "")
         )
@@ -373,7 +345,7 @@ class EffectTypeFreezeView(APIView):
         if effect_type not in CONTRACTS:
             raise NotFound(f"No effect type {effect_type}.")
         principal = principal_of(request)
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         changed = capabilities.effect_type_set_frozen(
             tenant_id=principal.tenant_id,
             effect_type=effect_type,
@@ -393,7 +365,7 @@ class PrincipalFreezeView(APIView):
         target = Principal.objects.filter(tenant_id=principal.tenant_id, name=name).first()
         if target is None:
             raise NotFound(f"No principal {name}.")
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         capabilities.principal_set_frozen(
             target=target,
             principal=principal,

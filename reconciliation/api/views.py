@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from gateway import selectors as ledger_selectors
 from gateway.api.auth import principal_of
+from gateway.api.inputs import valid_body
 from gateway.api.serializers import EffectSerializer
 from gateway.errors import ValidationProblem
 from reconciliation import selectors, services
@@ -24,12 +25,6 @@ from reconciliation.api.serializers import (
     ResolveSerializer,
 )
 from reconciliation.choices import CaseReason, CaseState
-
-
-def _valid(serializer_class, request: Request) -> dict:
-    serializer = serializer_class(data=request.data if request.data else {})
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 def _effect_response(request: Request, effect_id: str) -> Response:
@@ -56,7 +51,7 @@ class EffectResolveView(APIView):
     def post(self, request: Request, effect_id: str) -> Response:
         principal = principal_of(request)
         effect = ledger_selectors.effect_get(principal=principal, effect_id=effect_id)
-        body = _valid(ResolveSerializer, request)
+        body = valid_body(ResolveSerializer, request)
         services.effect_resolve(
             effect=effect, principal=principal, outcome=body["outcome"], evidence=body["evidence"]
         )
@@ -133,7 +128,7 @@ class CaseViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def acknowledge(self, request, pk=None):
         case = self.get_object()
-        body = _valid(AcknowledgeSerializer, request)
+        body = valid_body(AcknowledgeSerializer, request)
         services.case_acknowledge(
             case=case, principal=principal_of(request), note=body.get("note", "")
         )

@@ -14,8 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gateway.api.auth import principal_of
+from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import ReasonSerializer
-from gateway.api.views import idempotency_key_from, idempotency_key_parameter
 from gateway.errors import ValidationProblem
 from sagas import selectors, services
 from sagas.api.serializers import (
@@ -47,16 +47,6 @@ class OldestFirst(CursorPagination):
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 500
-
-
-def _valid(serializer_class, request: Request) -> dict:
-    if request.data and not isinstance(request.data, dict):
-        raise ValidationProblem(
-            "The body must be a JSON object.", errors={"body": ["must be an object"]}
-        )
-    serializer = serializer_class(data=request.data if request.data else {})
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 def _saga_response(request: Request, run: SagaRun, code: int = 200, **headers) -> Response:
@@ -132,7 +122,7 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
     )
     def create(self, request: Request) -> Response:
         key = idempotency_key_from(request, what="saga", example="fulfil:ord_881:v1")
-        body = _valid(SagaStartSerializer, request)
+        body = valid_body(SagaStartSerializer, request)
         start = services.saga_start(
             principal=principal_of(request),
             idempotency_key=key,
@@ -153,7 +143,7 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
         run = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         services.saga_resume(
             run=run, principal=principal_of(request), reason=body.get("reason", "")
         )
@@ -163,7 +153,7 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         run = self.get_object()
-        body = _valid(CancelSerializer, request)
+        body = valid_body(CancelSerializer, request)
         principal = principal_of(request)
         result = services.saga_cancel(
             run=run,
@@ -185,7 +175,7 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def freeze(self, request, pk=None):
         run = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         principal = principal_of(request)
         services.saga_freeze(
             saga_id=run.pk,
@@ -199,7 +189,7 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def unfreeze(self, request, pk=None):
         run = self.get_object()
-        body = _valid(ReasonSerializer, request)
+        body = valid_body(ReasonSerializer, request)
         services.saga_unfreeze(
             run=run, principal=principal_of(request), reason=body.get("reason", "")
         )
@@ -257,7 +247,7 @@ class SagaTaskViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def done(self, request, pk=None):
         task = self.get_object()
-        body = _valid(TaskDoneSerializer, request)
+        body = valid_body(TaskDoneSerializer, request)
         services.saga_task_close(
             task=task, principal=principal_of(request), note=body.get("note", "")
         )

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gateway.api.auth import principal_of
+from gateway.api.inputs import valid_body
 from gateway.errors import NotPermitted
 from gateway.services import OPERATOR_ROLES
 from gateway.webhooks import selectors, services
@@ -30,12 +31,6 @@ def _operator(request: Request):
     return principal
 
 
-def _valid(serializer_class, request: Request) -> dict:
-    serializer = serializer_class(data=request.data if request.data else {})
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
 class WebhookEndpointViewSet(viewsets.ViewSet):
     """A tenant's webhook endpoints (operator, admin)."""
 
@@ -49,7 +44,7 @@ class WebhookEndpointViewSet(viewsets.ViewSet):
     @extend_schema(request=EndpointCreateSerializer, responses={201: EndpointCreatedSerializer})
     def create(self, request: Request) -> Response:
         principal = _operator(request)
-        body = _valid(EndpointCreateSerializer, request)
+        body = valid_body(EndpointCreateSerializer, request)
         endpoint, secret = services.endpoint_create(
             principal=principal,
             url=body["url"],
@@ -84,7 +79,7 @@ class WebhookEndpointViewSet(viewsets.ViewSet):
     def _set_enabled(self, request: Request, pk: str | None, *, enabled: bool) -> Response:
         principal = _operator(request)
         endpoint = selectors.endpoint_get(principal=principal, endpoint_id=pk)
-        body = _valid(EndpointReasonSerializer, request)
+        body = valid_body(EndpointReasonSerializer, request)
         endpoint = services.endpoint_set_enabled(
             endpoint=endpoint, principal=principal, enabled=enabled, reason=body.get("reason", "")
         )
