@@ -192,28 +192,22 @@ def _after_transition(effect: Effect, *, from_status: str, to: str) -> None:
 
 
 def _saga_blocks_dispatch(saga_id: str) -> bool:
-    try:
-        from sagas.selectors import saga_blocks_dispatch
-    except ImportError:  # the sagas app is optional for the ledger
-        return False
+    from sagas.selectors import saga_blocks_dispatch
+
     return saga_blocks_dispatch(saga_id)
 
 
 def _exclude_frozen_sagas(query):
     """Effects of a frozen saga wait where they are: sending them to a worker that will
     refuse them every sweep is noise."""
-    try:
-        from sagas.models import SagaRun
-    except ImportError:  # the sagas app is optional for the ledger
-        return query
+    from sagas.models import SagaRun
+
     return query.exclude(command__saga_id__in=SagaRun.objects.filter(frozen=True).values("pk"))
 
 
 def _notify_saga(saga_id: str) -> None:
-    try:
-        from sagas.tasks import advance_saga
-    except ImportError:  # the sagas app is optional for the ledger
-        return
+    from sagas.tasks import advance_saga
+
     transaction.on_commit(partial(advance_saga.delay, saga_id))
 
 

@@ -2,9 +2,7 @@
 §5 as forms that call the very services the API calls.
 
 Pages: the triage queue, the effect page, the approvals inbox, the human queue of
-reconciliation cases, the controls (freezes and capabilities) and the saga pages. The
-reconciliation and sagas apps are imported when used (``_optional``): while one is missing,
-the console hides what needs it and answers its URLs with a readable 404.
+reconciliation cases, the controls (freezes and capabilities) and the saga pages.
 
 Every view is wrapped by ``console_view``: login required, the caller's principal resolved
 once and everything scoped to its tenant, ``Vary: HX-Request`` on every answer, and domain
@@ -16,7 +14,6 @@ with the full page otherwise, so every link and form works without JavaScript.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,6 +57,15 @@ from gateway.templatetags.console import (
     since,
     until,
 )
+from reconciliation import choices as rec_choices
+from reconciliation import selectors as rec_selectors
+from reconciliation import services as rec_services
+from reconciliation.models import OrphanReceipt
+from sagas import choices as saga_choices
+from sagas import definitions as saga_definitions
+from sagas import selectors as saga_selectors
+from sagas import services as saga_services
+from sagas.api.serializers import receipt_summary
 
 S = EffectStatus
 
@@ -498,41 +504,10 @@ def _compensation(
     )
 
 
-def _module(name: str) -> Any:
-    """A module of an app that may not be installed yet (reconciliation, sagas), or None."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-def _optional(module: str, name: str) -> Any:
-    """A function of an app that may not be installed yet (reconciliation, sagas), or None:
-    the console then hides what needs it instead of failing."""
-    return getattr(_module(module), name, None)
-
-
-def _modules_or_404(missing: str, *names: str) -> list[Any]:
-    """The modules of an optional app, or a readable 404 (``missing`` says what is not there)."""
-    found = [_module(name) for name in names]
-    if any(module is None for module in found):
-        raise NotFound(missing)
-    return found
-
-
-def _reconciliation_service(name: str) -> Callable[..., Any] | None:
-    return _optional("reconciliation.services", name)
-
-
 def _reconciliation(effect: Effect) -> tuple[Any, list[Any]]:
     """The effect's unresolved human-queue case and its reconciliation records (lookups and
-    manual resolutions), when the reconciliation app is there."""
-    open_case = _optional("reconciliation.selectors", "effect_open_case")
-    records = _optional("reconciliation.selectors", "effect_records")
-    return (
-        open_case(effect) if open_case else None,
-        list(records(effect)) if records else [],
-    )
+    manual resolutions)."""
+    return rec_selectors.effect_open_case(effect), list(rec_selectors.effect_records(effect))
 
 
 def _may_compensate(effect: Effect, contract: EffectContract | None, now: datetime) -> bool:
@@ -564,15 +539,13 @@ def available_actions(principal: Principal, effect: Effect, *, open_case: Any = 
             actions.add("unfreeze")
         elif effect.status not in TERMINAL:
             actions.add("freeze")
-        if effect.status in TO_RECONCILE and _reconciliation_service("effect_reconcile"):
+        if effect.status in TO_RECONCILE:
             actions.add("reconcile")
-        if resolvable(effect) and _reconciliation_service("effect_resolve"):
+        if resolvable(effect):
             actions.add("resolve")
         if open_case is not None and getattr(open_case, "state", "") == "open":
             actions.add("acknowledge")
-        if _may_compensate(effect, get_contract(effect.type), timezone.now()) and getattr(
-            services, "effect_compensate", None
-        ):
+        if _may_compensate(effect, get_contract(effect.type), timezone.now()):
             actions.add("compensate")
     requester = effect.command.requested_by_id == principal.pk
     if effect.status in BEFORE_DISPATCH and (operator or (requester and not principal.frozen)):
@@ -684,11 +657,10 @@ def correlation(context: Any) -> list[Correlation]:
 
 
 def _effect_saga(principal: Principal, command: Command) -> Any:
-    """The saga run this effect is a step of, when it is one and the sagas app is there."""
-    saga_selectors = _optional("sagas.selectors", "sagas_for_principal")
-    if not command.saga_id or saga_selectors is None:
+    """The saga run this effect is a step of, when it is one."""
+    if not command.saga_id:
         return None
-    return saga_selectors(principal).filter(pk=command.saga_id).first()
+    return saga_selectors.sagas_for_principal(principal).filter(pk=command.saga_id).first()
 
 
 def _load_effect(request: HttpRequest, effect_id: str) -> Effect:
@@ -900,26 +872,19 @@ def _cancel(request, effect, data) -> str:
     return f"Cancelled {effect.pk} before dispatch."
 
 
-def _service_or_404(name: str) -> Callable[..., Any]:
-    service = _reconciliation_service(name)
-    if service is None:
-        raise NotFound("Reconciliation is not available in this deployment yet.")
-    return service
-
-
 def _reconcile(request, effect, data) -> str:
     # Not an operator: refuse before the provider is asked anything on the caller's behalf.
     if not _role_may(request.principal, services.OPERATOR_ROLES):
         raise NotPermitted(f"A principal with role {request.principal.role} cannot reconcile.")
-    reconcile = _service_or_404("effect_reconcile")
-    reconcile(effect_id=effect.pk, actor=request.principal.label, principal=request.principal)
+    rec_services.effect_reconcile(
+        effect_id=effect.pk, actor=request.principal.label, principal=request.principal
+    )
     effect.refresh_from_db()
     return f"Asked the provider about {effect.pk}: it is now {effect.status}."
 
 
 def _resolve(request, effect, data) -> str:
-    resolve = _service_or_404("effect_resolve")
-    resolve(
+    rec_services.effect_resolve(
         effect=effect,
         principal=request.principal,
         outcome=data["outcome"],
@@ -930,19 +895,17 @@ def _resolve(request, effect, data) -> str:
 
 
 def _acknowledge(request, effect, data) -> str:
-    acknowledge = _service_or_404("case_acknowledge")
-    open_case, _ = _reconciliation(effect)
+    open_case = rec_selectors.effect_open_case(effect)
     if open_case is None:
         raise NotFound(f"{effect.pk} has no open case to acknowledge.")
-    acknowledge(case=open_case, principal=request.principal, note=data["reason"])
+    rec_services.case_acknowledge(case=open_case, principal=request.principal, note=data["reason"])
     return f"You took case {open_case.pk} of {effect.pk}."
 
 
 def _compensate(request, effect, data) -> str:
-    compensate = getattr(services, "effect_compensate", None)
-    if compensate is None:
-        raise NotFound("Compensation is not available in this deployment yet.")
-    submission = compensate(effect=effect, principal=request.principal, reason=data["reason"])
+    submission = services.effect_compensate(
+        effect=effect, principal=request.principal, reason=data["reason"]
+    )
     issued = submission.effect
     return (
         f"Issued compensation {issued.pk} ({issued.type}), {issued.status}; "
@@ -1055,13 +1018,6 @@ def _perform(
 
 CASES_PAGE_SIZE = 50
 ORPHANS_SHOWN = 50
-NO_QUEUE = "The human queue (the reconciliation app) is not available in this deployment yet."
-
-
-def _reconciliation_modules() -> tuple[Any, Any]:
-    """reconciliation.selectors and reconciliation.choices, or a readable 404."""
-    found = _modules_or_404(NO_QUEUE, "reconciliation.selectors", "reconciliation.choices")
-    return found[0], found[1]
 
 
 @dataclass(frozen=True)
@@ -1074,14 +1030,14 @@ class CaseFilters:
     after: str = ""
 
     @classmethod
-    def parse(cls, params, choices: Any) -> CaseFilters:
+    def parse(cls, params) -> CaseFilters:
         owner = params.get("owner", "")
         reason = params.get("reason", "")
         state = params.get("state", "")
         return cls(
             owner=owner if owner in _owners() else "",
-            reason=reason if reason in choices.CaseReason.values else "",
-            state=state if state in choices.CaseState.values else "",
+            reason=reason if reason in rec_choices.CaseReason.values else "",
+            state=state if state in rec_choices.CaseState.values else "",
             after=params.get("after", "")[:80],
         )
 
@@ -1104,24 +1060,19 @@ class CaseRow:
     may_resolve: bool
 
 
-def _case_row(principal: Principal, case: Any, choices: Any, now: datetime) -> CaseRow:
+def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
     operator = _role_may(principal, services.OPERATOR_ROLES)
-    unresolved = case.state in choices.UNRESOLVED
+    unresolved = case.state in rec_choices.UNRESOLVED
     return CaseRow(
         case=case,
         age=duration_label(now - case.opened_at),
         cost=money(case.effect.command.payload_redacted),
-        may_acknowledge=operator
-        and case.state == choices.CaseState.OPEN
-        and _reconciliation_service("case_acknowledge") is not None,
-        may_resolve=operator
-        and unresolved
-        and resolvable(case.effect)
-        and _reconciliation_service("effect_resolve") is not None,
+        may_acknowledge=operator and case.state == rec_choices.CaseState.OPEN,
+        may_resolve=operator and unresolved and resolvable(case.effect),
     )
 
 
-def _cases_query(principal: Principal, filters: CaseFilters, rec_selectors: Any) -> QuerySet:
+def _cases_query(principal: Principal, filters: CaseFilters) -> QuerySet:
     return (
         rec_selectors.cases_queue(
             principal=principal,
@@ -1136,21 +1087,17 @@ def _cases_query(principal: Principal, filters: CaseFilters, rec_selectors: Any)
 
 def orphan_receipts(principal: Principal) -> tuple[list[Any], int]:
     """Open orphan receipts of the tenant (receipts naming no command of ours), oldest first."""
-    models, choices = _module("reconciliation.models"), _module("reconciliation.choices")
-    if models is None or choices is None:
-        return [], 0
-    query = models.OrphanReceipt.objects.filter(
-        tenant_id=principal.tenant_id, state=choices.OrphanState.OPEN
+    query = OrphanReceipt.objects.filter(
+        tenant_id=principal.tenant_id, state=rec_choices.OrphanState.OPEN
     )
     return list(query.order_by("received_at", "id")[:ORPHANS_SHOWN]), query.count()
 
 
 def _cases_context(request: HttpRequest, *, full: bool) -> dict[str, Any]:
     principal: Principal = request.principal  # type: ignore[attr-defined]
-    rec_selectors, choices = _reconciliation_modules()
     now = timezone.now()
-    filters = CaseFilters.parse(request.GET, choices)
-    query = _cases_query(principal, filters, rec_selectors)
+    filters = CaseFilters.parse(request.GET)
+    query = _cases_query(principal, filters)
     count = query.count()
     if filters.after:
         # Keyset on the queue's order (opened_at, id): the anchor is read among all of the
@@ -1168,7 +1115,7 @@ def _cases_context(request: HttpRequest, *, full: bool) -> dict[str, Any]:
     page = list(query[: CASES_PAGE_SIZE + 1])
     has_next = len(page) > CASES_PAGE_SIZE
     page = page[:CASES_PAGE_SIZE]
-    rows = [_case_row(principal, case, choices, now) for case in page]
+    rows = [_case_row(principal, case, now) for case in page]
     context: dict[str, Any] = {
         "filters": filters,
         "rows": rows,
@@ -1192,11 +1139,11 @@ def _cases_context(request: HttpRequest, *, full: bool) -> dict[str, Any]:
             has_next,
         ),
         "owners": _owners(),
-        "reasons": choices.CaseReason.choices,
+        "reasons": rec_choices.CaseReason.choices,
         "states": [
-            (choices.CaseState.OPEN, "open"),
-            (choices.CaseState.ACKNOWLEDGED, "acknowledged"),
-            (choices.CaseState.RESOLVED, "resolved"),
+            (rec_choices.CaseState.OPEN, "open"),
+            (rec_choices.CaseState.ACKNOWLEDGED, "acknowledged"),
+            (rec_choices.CaseState.RESOLVED, "resolved"),
         ],
         "resolve_outcomes": ResolveForm.base_fields["outcome"].choices,
         "now": now,
@@ -1230,15 +1177,13 @@ class NoteForm(forms.Form):
 
 
 def _case_acknowledge(request: HttpRequest, case: Any, data: dict[str, Any]) -> str:
-    acknowledge = _service_or_404("case_acknowledge")
-    acknowledge(case=case, principal=request.principal, note=data["note"])  # type: ignore[attr-defined]
+    rec_services.case_acknowledge(case=case, principal=request.principal, note=data["note"])  # type: ignore[attr-defined]
     return f"You took case {case.pk} of {case.effect_id}."
 
 
 def _case_resolve(request: HttpRequest, case: Any, data: dict[str, Any]) -> str:
-    resolve = _service_or_404("effect_resolve")
     effect = _load_effect(request, case.effect_id)
-    resolve(
+    rec_services.effect_resolve(
         effect=effect,
         principal=request.principal,  # type: ignore[attr-defined]
         outcome=data["outcome"],
@@ -1265,11 +1210,10 @@ def case_action(request: HttpRequest, case_id: str, action: str) -> HttpResponse
     if spec is None:
         raise NotFound(f"No action {action!r}.")
     principal: Principal = request.principal  # type: ignore[attr-defined]
-    rec_selectors, choices = _reconciliation_modules()
     case = rec_selectors.case_get(principal=principal, case_id=case_id)
     # Back to the page of the queue the form was on (its filters, re-parsed: never a URL
     # taken from the form as it is).
-    filters = CaseFilters.parse(QueryDict(request.POST.get("filters", "")), choices)
+    filters = CaseFilters.parse(QueryDict(request.POST.get("filters", "")))
     back = reverse("console:cases") + (f"?{filters.querystring()}" if filters.active else "")
 
     def answer() -> str:
@@ -1279,7 +1223,7 @@ def case_action(request: HttpRequest, case_id: str, action: str) -> HttpResponse
             .defer("effect__command__payload_sealed")
             .get(pk=case.pk)
         )
-        row = _case_row(principal, fresh, choices, timezone.now())
+        row = _case_row(principal, fresh, timezone.now())
         html = render_to_string(
             "reconciliation/case_queue.html#case",
             {
@@ -1609,34 +1553,14 @@ def capability_grant(request: HttpRequest) -> HttpResponse:
 
 SAGAS_PAGE_SIZE = 50
 SAGA_ALERTS_SHOWN = 10
-NO_SAGAS = "Sagas (the sagas app) are not available in this deployment yet."
-
-
-@dataclass(frozen=True)
-class SagaModules:
-    selectors: Any
-    services: Any
-    choices: Any
-    definitions: Any
-
-
-def _saga_modules() -> SagaModules:
-    return SagaModules(
-        *_modules_or_404(
-            NO_SAGAS, "sagas.selectors", "sagas.services", "sagas.choices", "sagas.definitions"
-        )
-    )
 
 
 def saga_alerts(principal: Principal) -> tuple[list[Any], bool]:
     """For the triage queue: the tenant's frozen runs and runs whose compensation failed
     (which stay frozen), oldest change first; and whether there are more than shown."""
-    saga_selectors, choices = _module("sagas.selectors"), _module("sagas.choices")
-    if saga_selectors is None or choices is None:
-        return [], False
     runs = list(
         saga_selectors.sagas_for_principal(principal)
-        .filter(Q(frozen=True) | Q(state=choices.SagaState.COMPENSATION_FAILED))
+        .filter(Q(frozen=True) | Q(state=saga_choices.SagaState.COMPENSATION_FAILED))
         .order_by("updated_at", "id")[: SAGA_ALERTS_SHOWN + 1]
     )
     return runs[:SAGA_ALERTS_SHOWN], len(runs) > SAGA_ALERTS_SHOWN
@@ -1652,13 +1576,13 @@ class SagaFilters:
     after: str = ""
 
     @classmethod
-    def parse(cls, params, sagas: SagaModules) -> SagaFilters:
+    def parse(cls, params) -> SagaFilters:
         state = params.get("state", "")
         definition = params.get("definition", "")
         frozen = params.get("frozen", "")
         return cls(
-            state=state if state in sagas.choices.SagaState.values else "",
-            definition=definition if definition in sagas.definitions.DEFINITIONS else "",
+            state=state if state in saga_choices.SagaState.values else "",
+            definition=definition if definition in saga_definitions.DEFINITIONS else "",
             frozen=frozen if frozen in ("yes", "no") else "",
             after=params.get("after", "")[:80],
         )
@@ -1673,9 +1597,8 @@ class SagaFilters:
 
 def _sagas_context(request: HttpRequest) -> dict[str, Any]:
     principal: Principal = request.principal  # type: ignore[attr-defined]
-    sagas = _saga_modules()
-    filters = SagaFilters.parse(request.GET, sagas)
-    query = sagas.selectors.sagas_filtered(
+    filters = SagaFilters.parse(request.GET)
+    query = saga_selectors.sagas_filtered(
         principal=principal,
         states=[filters.state] if filters.state else None,
         definition=filters.definition or None,
@@ -1705,8 +1628,8 @@ def _sagas_context(request: HttpRequest) -> dict[str, Any]:
             ],
             has_next,
         ),
-        "states": sagas.choices.SagaState.values,
-        "definitions": sorted(sagas.definitions.DEFINITIONS),
+        "states": saga_choices.SagaState.values,
+        "definitions": sorted(saga_definitions.DEFINITIONS),
         "now": now,
         "view_name": "sagas",
     }
@@ -1728,14 +1651,14 @@ def saga_list(request: HttpRequest) -> HttpResponse:
 class SagaStepRow:
     """One step of a run as the saga page shows it."""
 
-    view: Any  # sagas.selectors.StepView: the step, its latest record, effect and receipt
+    view: Any  # saga_selectors.StepView: the step, its latest record, effect and receipt
     position: str  # done, current, waiting, failed, undone, undoing, pending
     current: bool
     summary: dict[str, Any] | None  # the receipt summary the API gives
     window_left: str
 
 
-def _step_position(view: Any, sagas: SagaModules) -> str:
+def _step_position(view: Any) -> str:
     effect = view.effect
     if view.record is None:
         return "pending"
@@ -1748,15 +1671,14 @@ def _step_position(view: Any, sagas: SagaModules) -> str:
         return "undone"
     if status == S.COMPENSATING:
         return "undoing"
-    if status == S.COMPENSATION_FAILED or status in sagas.choices.STEP_FAILED:
+    if status == S.COMPENSATION_FAILED or status in saga_choices.STEP_FAILED:
         return "failed"
     return "waiting"
 
 
-def _step_rows(run: Any, sagas: SagaModules, now: datetime) -> list[SagaStepRow]:
-    summary = _optional("sagas.api.serializers", "receipt_summary")
+def _step_rows(run: Any, now: datetime) -> list[SagaStepRow]:
     rows = []
-    for view in sagas.selectors.saga_step_views(run):
+    for view in saga_selectors.saga_step_views(run):
         ends_at = view.window_ends_at
         window_left = ""
         if ends_at is not None:
@@ -1768,58 +1690,56 @@ def _step_rows(run: Any, sagas: SagaModules, now: datetime) -> list[SagaStepRow]
         rows.append(
             SagaStepRow(
                 view=view,
-                position=_step_position(view, sagas),
+                position=_step_position(view),
                 current=bool(run.current_step) and view.step.name == run.current_step,
-                summary=summary(view.receipt) if summary and view.receipt else None,
+                summary=receipt_summary(view.receipt) if view.receipt else None,
                 window_left=window_left,
             )
         )
     return rows
 
 
-def saga_actions(principal: Principal, run: Any, sagas: SagaModules) -> set[str]:
+def saga_actions(principal: Principal, run: Any) -> set[str]:
     """The buttons to show. The sagas services decide again (and refuse with a reason)."""
-    choices = sagas.choices
     actions: set[str] = set()
     operator = _role_may(principal, services.OPERATOR_ROLES)
     if operator:
         if run.frozen:
             # A failed compensation keeps its run frozen: saga_unfreeze refuses it.
-            if run.state != choices.SagaState.COMPENSATION_FAILED:
+            if run.state != saga_choices.SagaState.COMPENSATION_FAILED:
                 actions.add("unfreeze")
-        elif choices.ALLOWED_TRANSITIONS[run.state]:
+        elif saga_choices.ALLOWED_TRANSITIONS[run.state]:
             actions.add("freeze")
-        if not run.frozen and run.state in choices.RESUMABLE:
+        if not run.frozen and run.state in saga_choices.RESUMABLE:
             actions.add("resume")
     requester = run.requested_by_id == principal.pk
-    if run.state in choices.ABANDONABLE and (operator or (requester and not principal.frozen)):
+    if run.state in saga_choices.ABANDONABLE and (operator or (requester and not principal.frozen)):
         actions.add("cancel")
     return actions
 
 
-def _saga_inputs(principal: Principal, run: Any, sagas: SagaModules) -> tuple[dict, bool]:
+def _saga_inputs(principal: Principal, run: Any) -> tuple[dict, bool]:
     """The inputs this principal may read, and whether they are the redacted copy."""
-    if not sagas.selectors.may_see_inputs(principal, run):
+    if not saga_selectors.may_see_inputs(principal, run):
         return run.inputs_redacted, True
     try:
-        return sagas.selectors.saga_inputs(run), False
+        return saga_selectors.saga_inputs(run), False
     except InvalidToken:
         return run.inputs_redacted, True
 
 
 def _saga_context(request: HttpRequest, run: Any) -> dict[str, Any]:
     principal: Principal = request.principal  # type: ignore[attr-defined]
-    sagas = _saga_modules()
     now = timezone.now()
-    definition = sagas.definitions.get_definition(run.definition)
-    steps = _step_rows(run, sagas, now)
-    tasks = list(sagas.selectors.saga_tasks(principal=principal, states=None, saga_id=run.pk))
-    events = list(sagas.selectors.saga_events(run))
-    inputs, inputs_redacted = _saga_inputs(principal, run, sagas)
+    definition = saga_definitions.get_definition(run.definition)
+    steps = _step_rows(run, now)
+    tasks = list(saga_selectors.saga_tasks(principal=principal, states=None, saga_id=run.pk))
+    events = list(saga_selectors.saga_events(run))
+    inputs, inputs_redacted = _saga_inputs(principal, run)
     happened = sum(
         1
         for row in steps
-        if row.view.effect is not None and row.view.effect.status in sagas.choices.STEP_HAPPENED
+        if row.view.effect is not None and row.view.effect.status in saga_choices.STEP_HAPPENED
     )
     current = next((row for row in steps if row.current), None)
     token = _token(
@@ -1849,9 +1769,9 @@ def _saga_context(request: HttpRequest, run: Any) -> dict[str, Any]:
         "events": events,
         "inputs": inputs,
         "inputs_redacted": inputs_redacted,
-        "actions": saga_actions(principal, run, sagas),
+        "actions": saga_actions(principal, run),
         "may_close_tasks": _role_may(principal, services.OPERATOR_ROLES),
-        "may_compensate_only": run.state not in sagas.choices.CANCELLABLE,
+        "may_compensate_only": run.state not in saga_choices.CANCELLABLE,
         "in_state": duration_label(now - run.state_changed_at),
         "token": token,
         "now": now,
@@ -1861,7 +1781,7 @@ def _saga_context(request: HttpRequest, run: Any) -> dict[str, Any]:
 
 def _load_saga(request: HttpRequest, saga_id: str) -> Any:
     # Another tenant's run does not exist for this caller: NotFound, mapped to a 404.
-    return _saga_modules().selectors.saga_get(principal=request.principal, saga_id=saga_id)  # type: ignore[attr-defined]
+    return saga_selectors.saga_get(principal=request.principal, saga_id=saga_id)  # type: ignore[attr-defined]
 
 
 @require_GET
@@ -1883,8 +1803,7 @@ class SagaCancelForm(forms.Form):
 
 
 def _saga_resume(request: HttpRequest, run: Any, data: dict[str, Any]) -> str:
-    sagas = _saga_modules()
-    sagas.services.saga_resume(run=run, principal=request.principal, reason=data["reason"])  # type: ignore[attr-defined]
+    saga_services.saga_resume(run=run, principal=request.principal, reason=data["reason"])  # type: ignore[attr-defined]
     run.refresh_from_db()
     return f"Resumed {run.pk}: it is {run.state} now."
 
@@ -1899,8 +1818,7 @@ CANCEL_OUTCOMES = {
 
 
 def _saga_cancel(request: HttpRequest, run: Any, data: dict[str, Any]) -> str:
-    sagas = _saga_modules()
-    result = sagas.services.saga_cancel(
+    result = saga_services.saga_cancel(
         run=run,
         principal=request.principal,  # type: ignore[attr-defined]
         compensate=data["compensate"],
@@ -1920,7 +1838,7 @@ def _saga_cancel(request: HttpRequest, run: Any, data: dict[str, Any]) -> str:
 
 def _saga_freeze(request: HttpRequest, run: Any, data: dict[str, Any]) -> str:
     principal: Principal = request.principal  # type: ignore[attr-defined]
-    froze = _saga_modules().services.saga_freeze(
+    froze = saga_services.saga_freeze(
         saga_id=run.pk,
         actor=principal.label,
         principal=principal,
@@ -1935,9 +1853,7 @@ def _saga_freeze(request: HttpRequest, run: Any, data: dict[str, Any]) -> str:
 
 
 def _saga_unfreeze(request: HttpRequest, run: Any, data: dict[str, Any]) -> str:
-    _saga_modules().services.saga_unfreeze(
-        run=run, principal=request.principal, reason=data["reason"]
-    )  # type: ignore[attr-defined]
+    saga_services.saga_unfreeze(run=run, principal=request.principal, reason=data["reason"])  # type: ignore[attr-defined]
     return f"Unfroze {run.pk}: it goes on from where it stopped."
 
 
@@ -1983,14 +1899,13 @@ def saga_action(request: HttpRequest, saga_id: str, action: str) -> HttpResponse
 @console_view
 def saga_task_done(request: HttpRequest, saga_id: str, task_id: str) -> HttpResponse:
     """POST ``/sagas/<id>/tasks/<task>/done``: an owner closes a task (``saga_task_close``)."""
-    sagas = _saga_modules()
     run = _load_saga(request, saga_id)
-    task = sagas.selectors.saga_task_get(principal=request.principal, task_id=task_id)  # type: ignore[attr-defined]
+    task = saga_selectors.saga_task_get(principal=request.principal, task_id=task_id)  # type: ignore[attr-defined]
     if task.run_id != run.pk:
         raise NotFound(f"No task {task_id} in saga {run.pk}.")
 
     def close(data: dict[str, Any]) -> str:
-        sagas.services.saga_task_close(task=task, principal=request.principal, note=data["note"])  # type: ignore[attr-defined]
+        saga_services.saga_task_close(task=task, principal=request.principal, note=data["note"])  # type: ignore[attr-defined]
         return f"Closed task {task.pk} ({task.get_kind_display()}) of step {task.step.name}."
 
     return _saga_perform(request, run, NoteForm(request.POST), close)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from importlib import import_module
 from typing import Any
 
 from django import template
@@ -154,16 +153,14 @@ def took(attempt: Any) -> str:
 @register.simple_tag(takes_context=True)
 def cases_badge(context, oob: bool = False) -> str:
     """The nav's count of the tenant's unresolved reconciliation cases (open or taken), swapped
-    out of band after an action that may take or settle one. Empty without reconciliation."""
+    out of band after an action that may take or settle one."""
     request = context.get("request")
     principal = getattr(request, "principal", None)
     if principal is None:
         return ""
-    try:
-        from reconciliation.choices import UNRESOLVED
-        from reconciliation.models import Case
-    except ImportError:
-        return ""
+    from reconciliation.choices import UNRESOLVED
+    from reconciliation.models import Case
+
     # Served by the partial index case_queue (tenant, opened_at) of unresolved cases.
     waiting = Case.objects.filter(
         tenant_id=principal.tenant_id, state__in=sorted(UNRESOLVED)
@@ -177,17 +174,6 @@ def cases_badge(context, oob: bool = False) -> str:
     )
 
 
-@register.simple_tag
-def console_has(app: str) -> bool:
-    """Whether an optional app (``reconciliation``, ``sagas``) can serve the console: its
-    selectors import. The nav hides the pages of an app that is not there."""
-    try:
-        import_module(f"{app}.selectors")
-    except ImportError:
-        return False
-    return True
-
-
 @register.filter
 def may_control(principal: Any) -> bool:
     """Whether the principal may open the controls page (the roles that freeze)."""
@@ -199,11 +185,8 @@ def may_control(principal: Any) -> bool:
 @register.simple_tag
 def saga_badge(state: str) -> str:
     """A saga run's state with its tone from ``sagas.choices.STATE_TONE``."""
-    try:
-        from sagas.choices import STATE_TONE, SagaState
-    except ImportError:
-        tone, label = "neutral", state
-    else:
-        tone = STATE_TONE.get(state, "neutral")
-        label = SagaState(state).label if state in SagaState.values else state
+    from sagas.choices import STATE_TONE, SagaState
+
+    tone = STATE_TONE.get(state, "neutral")
+    label = SagaState(state).label if state in SagaState.values else state
     return format_html('<span class="badge tone-{}" data-state="{}">{}</span>', tone, state, label)
