@@ -6,7 +6,17 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gateway import health
-from reconciliation import views as reconciliation_views
+from gateway.console import urls as console_urls
+from reconciliation import urls as reconciliation_urls
+from sagas import urls as sagas_urls
+
+# The console: each app's pages, composed under one namespace so that every
+# ``{% url 'console:…' %}`` names a page whichever app serves it.
+console = [
+    *console_urls.urlpatterns,
+    *reconciliation_urls.console_urlpatterns,
+    *sagas_urls.console_urlpatterns,
+]
 
 urlpatterns = [
     path("api/v1/", include("gateway.api.urls")),
@@ -23,10 +33,10 @@ urlpatterns = [
     ),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("metrics", reconciliation_views.metrics, name="metrics"),
+    path("metrics", health.metrics, name="metrics"),
     path("admin/", admin.site.urls),
-    path("", include("reconciliation.urls")),
-    path("", include("gateway.console_urls")),
+    path("", include(reconciliation_urls)),
+    path("", include((console, "console"))),
 ]
 
 handler404 = "gateway.health.handler404"

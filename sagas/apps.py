@@ -6,3 +6,12 @@ class SagasConfig(AppConfig):
 
     name = "sagas"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from gateway.console import extensions
+        from sagas import views
+
+        # What sagas add to the ledger's console pages: the runs stopped for a human above
+        # the triage queue, and the run an effect is a step of on its page.
+        extensions.add_triage_panel(views.triage_panel)
+        extensions.add_effect_panel(views.effect_panel)

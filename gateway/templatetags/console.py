@@ -1,8 +1,8 @@
 """Display helpers of the operator console: status badges, money, durations, JSON, digests,
-and the nav's counts.
+and the nav's count of approvals (reconciliation and sagas have their own tag libraries).
 
-Formatting lives here so that the views and the templates format one way; the only queries
-are the nav's badges (one count each).
+Formatting lives here so that the views and the templates format one way; the only query is
+the nav's approvals badge (one count).
 """
 
 from __future__ import annotations
@@ -150,43 +150,9 @@ def took(attempt: Any) -> str:
     return f"{(finished - started).total_seconds():.2f} s"
 
 
-@register.simple_tag(takes_context=True)
-def cases_badge(context, oob: bool = False) -> str:
-    """The nav's count of the tenant's unresolved reconciliation cases (open or taken), swapped
-    out of band after an action that may take or settle one."""
-    request = context.get("request")
-    principal = getattr(request, "principal", None)
-    if principal is None:
-        return ""
-    from reconciliation.choices import UNRESOLVED
-    from reconciliation.models import Case
-
-    # Served by the partial index case_queue (tenant, opened_at) of unresolved cases.
-    waiting = Case.objects.filter(
-        tenant_id=principal.tenant_id, state__in=sorted(UNRESOLVED)
-    ).count()
-    return format_html(
-        '<span id="cases-badge" class="count{}"{}>{}<span class="visually-hidden">'
-        " unresolved</span></span>",
-        " count-zero" if not waiting else "",
-        mark_safe(' hx-swap-oob="true"') if oob else "",
-        waiting,
-    )
-
-
 @register.filter
 def may_control(principal: Any) -> bool:
     """Whether the principal may open the controls page (the roles that freeze)."""
     from gateway.capabilities import FREEZER_ROLES
 
     return getattr(principal, "role", None) in FREEZER_ROLES
-
-
-@register.simple_tag
-def saga_badge(state: str) -> str:
-    """A saga run's state with its tone from ``sagas.choices.STATE_TONE``."""
-    from sagas.choices import STATE_TONE, SagaState
-
-    tone = STATE_TONE.get(state, "neutral")
-    label = SagaState(state).label if state in SagaState.values else state
-    return format_html('<span class="badge tone-{}" data-state="{}">{}</span>', tone, state, label)
