@@ -128,6 +128,7 @@ def _sagas_context(request: ConsoleRequest) -> dict[str, Any]:
         ),
         "states": choices.SagaState.values,
         "definitions": sorted(definitions.DEFINITIONS),
+        "frozen_options": [("yes", "frozen"), ("no", "not frozen")],
         "now": now,
         "view_name": "sagas",
     }

@@ -132,6 +132,15 @@ def approvals_badge(context, oob: bool = False) -> str:
 
 
 @register.filter
+def as_options(values: Any) -> list[tuple[Any, Any]]:
+    """``(value, label)`` pairs for ``partials/filter_select.html``: a mapping's items, or each
+    value as its own label."""
+    if isinstance(values, dict):
+        return list(values.items())
+    return [(value, value) for value in values]
+
+
+@register.filter
 def span(delta: timedelta | None) -> str:
     """A declared length of time: ``30 d``, ``12 h``."""
     if delta is None:
