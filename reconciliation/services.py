@@ -24,9 +24,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from gateway import audit
-from gateway import services as ledger
-from gateway.choices import TO_RECONCILE, EffectStatus, Outcome
+from gateway import audit, hooks, ledger
+from gateway.choices import OPERATOR_ROLES, TO_RECONCILE, EffectStatus, Outcome
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import InvalidTransition, NotFound, ValidationProblem
 from gateway.models import Attempt, Command, Effect, Principal, Receipt, Tenant
@@ -81,19 +80,16 @@ def on_mismatch(effect: Effect) -> None:
     """Called whenever an effect is found to disagree with its command (inside the transaction
     that records it, or the sweep's for mismatches found at dispatch).
 
-    The sagas app freezes the effect's saga here. Until then the mismatch flag, the event and
-    the case for the owner are the whole response: the effect is never re-executed and never
-    CONFIRMED by the automatic paths.
+    The listeners of ``hooks.mismatch_found`` act here (sagas freezes the effect's run).
+    Beyond them the mismatch flag, the event and the case for the owner are the whole
+    response: the effect is never re-executed and never CONFIRMED by the automatic paths.
     """
     logger.warning("effect mismatch", extra={"effect_id": effect.pk, "owner": effect.owner})
-    if effect.command.saga_id:
-        from sagas.services import saga_freeze
-
-        saga_freeze(
-            saga_id=effect.command.saga_id,
+    for listener in hooks.mismatch_found:
+        listener(
+            effect,
             actor=RECONCILER,
             reason=f"effect {effect.pk} disagrees with its command (mismatch)",
-            mismatch_effect_id=effect.pk,
         )
 
 
@@ -133,7 +129,7 @@ def case_open(
             )
     except IntegrityError:
         return Case.objects.get(effect=effect, state__in=sorted(UNRESOLVED))
-    ledger._event(
+    ledger.append_event(
         effect,
         kind="case_opened",
         actor=actor,
@@ -161,7 +157,7 @@ def _case_settle(
 
 def case_acknowledge(*, case: Case, principal: Principal, note: str = "") -> Case:
     """An operator of the owning tenant takes the case: open → acknowledged."""
-    ledger._require_role(principal, ledger.OPERATOR_ROLES, "acknowledge cases")
+    ledger.require_role(principal, OPERATOR_ROLES, "acknowledge cases")
     if case.tenant_id != principal.tenant_id:
         raise NotFound(f"No case {case.pk}.")
     now = timezone.now()
@@ -174,7 +170,7 @@ def case_acknowledge(*, case: Case, principal: Principal, note: str = "") -> Cas
         case.refresh_from_db()
         if not changed:
             raise InvalidTransition(f"Case {case.pk} is {case.state}, not open.")
-        ledger._event(
+        ledger.append_event(
             case.effect,
             kind="case_acknowledged",
             actor=principal.label,
@@ -249,7 +245,7 @@ def effects_recover_expired_leases(*, limit: int = 500) -> int:
             # which may write its answer at this very moment with the same fence: exactly
             # one of us wins. If it does, its answer stands; if we do, its late answer is
             # refused as stale by effect_record_outcome.
-            recovered += ledger._transition(
+            recovered += ledger.transition(
                 effect,
                 to=S.UNKNOWN,
                 actor=LEASE_RECOVERY,
@@ -317,7 +313,7 @@ def _judge(
     command = effect.command
     count = effect.check_count + 1
     exhausted = effect.escalated or count >= contract.recovery.reconcile_budget
-    later = now + ledger._backoff(settings.GATEWAY_RECONCILE_BACKOFF, count)
+    later = now + ledger.backoff(settings.GATEWAY_RECONCILE_BACKOFF, count)
 
     if lookup.status == ProviderLookupStatus.FOUND and lookup.operation is not None:
         found = classify_operation(
@@ -451,7 +447,7 @@ def effect_reconcile(
     such an effect is skipped: someone settled it since it was claimed. Returns the record.
     """
     if principal is not None:
-        ledger._require_role(principal, ledger.OPERATOR_ROLES, "reconcile effects")
+        ledger.require_role(principal, OPERATOR_ROLES, "reconcile effects")
     read = Effect.objects.select_related("command").filter(pk=effect_id).first()
     if read is None or (principal is not None and read.tenant_id != principal.tenant_id):
         raise NotFound(f"No effect {effect_id}.")
@@ -509,12 +505,11 @@ def _apply(
                 "provider_digest": operation.payload_digest if operation else None,
                 "outcome": outcome,
             }
-            status_before = effect.status
             newly_flagged = (verdict.case is not None and not effect.escalated) or (
                 verdict.mismatch and not effect.mismatch
             )
             if verdict.to is not None and verdict.to != effect.status:
-                ledger._transition(
+                ledger.transition(
                     effect,
                     to=verdict.to,
                     actor=actor,
@@ -526,23 +521,21 @@ def _apply(
                     **verdict.fields,
                 )
             else:
-                Effect.objects.filter(pk=effect.pk).update(updated_at=now, **verdict.fields)
-                for name, value in verdict.fields.items():
-                    setattr(effect, name, value)
-                if newly_flagged:
-                    ledger._event(
-                        effect,
-                        kind="mismatch" if verdict.mismatch else "escalated",
-                        actor=actor,
-                        principal=who,
-                        from_status=status_before,
-                        to_status=effect.status,
-                        reason=reason,
-                        data=data,
-                        now=now,
-                    )
+                # The status stays: the flags and schedule change, with an event when the
+                # effect is newly flagged (the row is locked above).
+                kind = ("mismatch" if verdict.mismatch else "escalated") if newly_flagged else ""
+                ledger.annotate(
+                    effect,
+                    fields=verdict.fields,
+                    kind=kind,
+                    actor=actor,
+                    principal=who,
+                    reason=reason,
+                    data=data,
+                    now=now,
+                )
             if verdict.receipt and verdict.found is not None:
-                ledger._receipt(
+                ledger.record_receipt(
                     effect,
                     verdict.found,
                     source=Receipt.Source.RECONCILER,
@@ -562,9 +555,9 @@ def _apply(
             if verdict.mismatch:
                 on_mismatch(effect)
             if verdict.redispatch:
-                # On commit (inside _enqueue_dispatch): the worker must see NOT_STARTED. The
+                # On commit (inside enqueue_dispatch): the worker must see NOT_STARTED. The
                 # claim then applies the ledger's bounds: expiry, frozen, attempt budget.
-                ledger._enqueue_dispatch(effect.pk)
+                ledger.enqueue_dispatch(effect.pk)
         return ReconciliationRecord.objects.create(
             tenant_id=effect.tenant_id,
             effect=effect,
@@ -619,13 +612,11 @@ def reconcile_next_batch(
             .values_list("pk", flat=True)[:limit]
         )
         if claimed:
-            Effect.objects.filter(pk__in=claimed).update(next_check_at=hold)
+            ledger.schedule_checks(claimed, hold)
     for index, effect_id in enumerate(claimed):
         if deadline is not None and time.monotonic() >= deadline:
             # Hand the rest back rather than leave it invisible until the hold runs out.
-            Effect.objects.filter(pk__in=claimed[index:], next_check_at=hold).update(
-                next_check_at=timezone.now()
-            )
+            ledger.schedule_checks(claimed[index:], timezone.now(), next_check_at=hold)
             break
         try:
             effect_reconcile(effect_id=effect_id, actor=actor)
@@ -633,8 +624,10 @@ def reconcile_next_batch(
             # A poison row (no contract, a bug, a provider answer we cannot parse) must not
             # stop the batch or make the worker crash-loop on it: push it well forward.
             logger.exception("reconcile failed", extra={"effect_id": effect_id})
-            Effect.objects.filter(pk=effect_id, status__in=sorted(TO_RECONCILE)).update(
-                next_check_at=timezone.now() + POISON_DELAY
+            ledger.schedule_checks(
+                [effect_id],
+                timezone.now() + POISON_DELAY,
+                status__in=sorted(TO_RECONCILE),
             )
     return len(claimed)
 
@@ -667,7 +660,7 @@ def effect_resolve(*, effect: Effect, principal: Principal, outcome: str, eviden
     the provider's idempotency answers with it and nothing runs twice.
     History is never edited: a manual record and an event are appended.
     """
-    ledger._require_role(principal, ledger.OPERATOR_ROLES, "resolve effects")
+    ledger.require_role(principal, OPERATOR_ROLES, "resolve effects")
     if effect.tenant_id != principal.tenant_id:
         raise NotFound(f"No effect {effect.pk}.")
     errors: dict[str, list[str]] = {}
@@ -693,7 +686,7 @@ def effect_resolve(*, effect: Effect, principal: Principal, outcome: str, eviden
             )
         data = {"outcome": outcome, "manual": True}
         if outcome == RecordOutcome.CONFIRMED:
-            moved = ledger._transition(
+            moved = ledger.transition(
                 current,
                 to=S.CONFIRMED,
                 actor=label,
@@ -727,25 +720,22 @@ def effect_resolve(*, effect: Effect, principal: Principal, outcome: str, eviden
                     f"{budget} attempts; submit a new command"
                 )
             if before == S.NOT_STARTED:
-                moved = bool(
-                    Effect.objects.filter(pk=current.pk, status=S.NOT_STARTED).update(
-                        updated_at=now, **fields
-                    )
+                checks = current.check_count
+                moved = ledger.annotate(
+                    current,
+                    expect_status=S.NOT_STARTED,
+                    fields=fields,
+                    kind="resolved",
+                    actor=label,
+                    principal=principal,
+                    reason=reason,
+                    data=data,
+                    now=now,
                 )
-                if moved:
-                    ledger._event(
-                        current,
-                        kind="resolved",
-                        actor=label,
-                        principal=principal,
-                        from_status=before,
-                        to_status=before,
-                        reason=reason,
-                        data=data,
-                        now=now,
-                    )
+                # The manual record names the check count the effect was resolved at.
+                current.check_count = checks
             else:
-                moved = ledger._transition(
+                moved = ledger.transition(
                     current,
                     to=S.NOT_STARTED,
                     actor=label,
@@ -756,7 +746,7 @@ def effect_resolve(*, effect: Effect, principal: Principal, outcome: str, eviden
                     **fields,
                 )
             if moved and redispatch:
-                ledger._enqueue_dispatch(current.pk)
+                ledger.enqueue_dispatch(current.pk)
         if not moved:
             raise InvalidTransition(f"Effect {current.pk} changed while it was being resolved.")
         ReconciliationRecord.objects.create(
@@ -904,7 +894,9 @@ def _apply_receipt(effect: Effect, receipt: WebhookReceipt, now: datetime) -> tu
     }
 
     def store() -> None:
-        ledger._receipt(effect, found, source=Receipt.Source.WEBHOOK, attempt_id=None, now=now)
+        ledger.record_receipt(
+            effect, found, source=Receipt.Source.WEBHOOK, attempt_id=None, now=now
+        )
 
     status = effect.status
     if status in TO_RECONCILE:
@@ -920,21 +912,17 @@ def _apply_receipt(effect: Effect, receipt: WebhookReceipt, now: datetime) -> tu
                 "provider_operation_id": operation.id,
             }
             if status == S.UNKNOWN:
-                Effect.objects.filter(pk=effect.pk).update(updated_at=now, **fields)
-                ledger._event(
+                ledger.annotate(
                     effect,
+                    fields=fields,
                     kind="mismatch",
                     actor=actor,
-                    from_status=status,
-                    to_status=status,
                     reason=found.reason,
                     data=data,
                     now=now,
                 )
-                for name, value in fields.items():
-                    setattr(effect, name, value)
             else:
-                ledger._transition(
+                ledger.transition(
                     effect,
                     to=S.UNKNOWN,
                     actor=actor,
@@ -956,7 +944,7 @@ def _apply_receipt(effect: Effect, receipt: WebhookReceipt, now: datetime) -> tu
         if found.outcome in (Outcome.CONFIRMED, Outcome.REJECTED):
             to = S.CONFIRMED if found.outcome == Outcome.CONFIRMED else S.REJECTED
             extra: dict[str, Any] = {"confirmed_at": now} if to == S.CONFIRMED else {}
-            ledger._transition(
+            ledger.transition(
                 effect,
                 to=to,
                 actor=actor,
@@ -976,7 +964,7 @@ def _apply_receipt(effect: Effect, receipt: WebhookReceipt, now: datetime) -> tu
                 found.reason,
             )
         if found.outcome == Outcome.IN_PROGRESS and status == S.UNKNOWN:
-            ledger._transition(
+            ledger.transition(
                 effect,
                 to=S.IN_PROGRESS,
                 actor=actor,
@@ -993,7 +981,7 @@ def _apply_receipt(effect: Effect, receipt: WebhookReceipt, now: datetime) -> tu
         # after the fact is a contradiction for a human, not a state change.
         if found.mismatch or found.outcome == Outcome.REJECTED:
             text = f"a receipt for a {status} effect says: {found.reason}"
-            ledger._event(
+            ledger.append_event(
                 effect,
                 kind="receipt_contradiction",
                 actor=actor,

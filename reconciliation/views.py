@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from gateway.api.problems import PROBLEM_CONTENT_TYPE, json_problem_view, problem
-from gateway.choices import TO_RECONCILE, EffectStatus
+from gateway.choices import OPERATOR_ROLES, TO_RECONCILE, EffectStatus
 from gateway.console.base import (
     Action,
     ConsoleRequest,
@@ -50,8 +50,6 @@ from gateway.console.selectors import owners
 from gateway.errors import NotFound, NotPermitted
 from gateway.models import Effect, Principal
 from gateway.providers.base import ProviderOperation
-from gateway.selectors import PAYLOAD_ROLES
-from gateway.services import OPERATOR_ROLES
 from gateway.templatetags.console import duration_label, money
 from reconciliation import choices, selectors, services
 from reconciliation.metrics import WEBHOOKS_REFUSED
@@ -331,7 +329,7 @@ def _cases_context(request: ConsoleRequest, *, full: bool) -> dict[str, Any]:
         context.update(
             orphans=orphans,
             orphan_count=orphan_count,
-            may_see_results=principal.role in PAYLOAD_ROLES,
+            may_see_results=principal.role in OPERATOR_ROLES,
         )
     return context
 

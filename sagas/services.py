@@ -5,9 +5,9 @@ transaction (STYLE 4–8).
 The orchestrator (``saga_advance``) is a function of what the ledger says: it reads the run's
 step records and their effects' statuses and does the one next thing — issue the next step,
 pause, start compensating, compensate the next step, or finish. It is told to look after every
-status change of any of the run's effects (``gateway.services._after_transition`` enqueues
-``advance_saga`` on commit), and the sweeper re-advances runs that went quiet, so a lost
-message delays a run but never strands it.
+status change of any of the run's effects (``sagas.listeners.advance_after_transition``, a
+``gateway.hooks.after_transition`` listener, enqueues ``advance_saga`` on commit), and the
+sweeper re-advances runs that went quiet, so a lost message delays a run but never strands it.
 
 Concurrency: every write here takes the tenant's audit-chain head first, then the run's row
 (``_lock``): the ledger's lock order (gateway.audit: chain head, then rows), so a saga write
@@ -29,8 +29,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gateway import audit
-from gateway.choices import BEFORE_DISPATCH, DISPATCHABLE, EffectStatus
+from gateway import audit, ledger
+from gateway.choices import (
+    BEFORE_DISPATCH,
+    DISPATCHABLE,
+    OPERATOR_ROLES,
+    SUBMITTER_ROLES,
+    EffectStatus,
+)
 from gateway.errors import (
     GatewayError,
     IdempotencyKeyMismatch,
@@ -39,14 +45,11 @@ from gateway.errors import (
     NotPermitted,
     ValidationProblem,
 )
+from gateway.ledger import REDACTED
 from gateway.lib.digest import sha256_digest
 from gateway.lib.vault import seal_json
 from gateway.models import Effect, Principal, Receipt
 from gateway.services import (
-    MAX_KEY_LENGTH,
-    OPERATOR_ROLES,
-    REDACTED,
-    SUBMITTER_ROLES,
     command_submit,
     effect_cancel,
     effect_compensate,
@@ -295,16 +298,7 @@ def saga_start(
     callers race: they collide on the (tenant, key) unique index. Same key + anything else
     raises IdempotencyKeyMismatch. Nothing is written otherwise.
     """
-    if not isinstance(idempotency_key, str) or not idempotency_key.strip():
-        raise ValidationProblem(
-            "The Idempotency-Key header is required: a stable business key for this saga.",
-            errors={"Idempotency-Key": ["required"]},
-        )
-    if len(idempotency_key) > MAX_KEY_LENGTH or not idempotency_key.isprintable():
-        raise ValidationProblem(
-            "The Idempotency-Key is not valid.",
-            errors={"Idempotency-Key": [f"at most {MAX_KEY_LENGTH} printable characters"]},
-        )
+    ledger.validate_idempotency_key(idempotency_key, what="saga")
     found = get_definition(definition) if isinstance(definition, str) else None
     errors: dict[str, list[str]] = {}
     if found is None:
@@ -1123,7 +1117,6 @@ def saga_unfreeze(*, run: SagaRun, principal: Principal, reason: str = "") -> Sa
     """Let a frozen run go on: it is advanced, and its step effects waiting to be sent are
     handed to the dispatcher again, after commit."""
     _require_operator(principal, "unfreeze sagas")
-    from gateway.tasks import dispatch_effect
     from sagas.tasks import advance_saga
 
     with transaction.atomic():
@@ -1147,7 +1140,7 @@ def saga_unfreeze(*, run: SagaRun, principal: Principal, reason: str = "") -> Sa
         ).values_list("pk", flat=True)
         # After commit: a worker must see the run unfrozen before it claims.
         for effect_id in waiting:
-            transaction.on_commit(partial(dispatch_effect.delay, effect_id))
+            ledger.enqueue_dispatch(effect_id)
         transaction.on_commit(partial(advance_saga.delay, run.pk))
     return run
 

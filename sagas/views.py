@@ -24,7 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from gateway.choices import EffectStatus
+from gateway.choices import OPERATOR_ROLES, EffectStatus
 from gateway.console.base import (
     Action,
     ConsoleRequest,
@@ -39,7 +39,6 @@ from gateway.console.extensions import Panel
 from gateway.console.forms import NoteForm, ReasonForm
 from gateway.errors import NotFound
 from gateway.models import Command, Effect, Principal
-from gateway.services import OPERATOR_ROLES
 from gateway.templatetags.console import duration_label, since
 from sagas import choices, definitions, selectors, services
 from sagas.api.serializers import receipt_summary

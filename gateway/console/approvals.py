@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 
 from gateway import selectors, services
 from gateway.choices import (
+    APPROVER_ROLES,
     EffectStatus,
 )
 from gateway.console.base import (
@@ -87,8 +88,7 @@ def approval_card(principal: Principal, effect: Effect) -> ApprovalCard:
         cost=money(payload),
         payload=payload,
         mine=mine,
-        can_decide=effect.status == S.AWAITING_APPROVAL
-        and role_may(principal, services.APPROVER_ROLES),
+        can_decide=effect.status == S.AWAITING_APPROVAL and role_may(principal, APPROVER_ROLES),
     )
 
 
@@ -123,7 +123,7 @@ def _approvals_context(request: ConsoleRequest) -> dict[str, Any]:
                 for c in cards
             ],
         ),
-        "may_approve": role_may(principal, services.APPROVER_ROLES),
+        "may_approve": role_may(principal, APPROVER_ROLES),
         "now": timezone.now(),
         "view_name": "approvals",
     }

@@ -19,6 +19,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gateway import capabilities
 from gateway.choices import (
+    ADMIN_ROLES,
+    OPERATOR_ROLES,
     Role,
 )
 from gateway.console.base import (
@@ -40,7 +42,7 @@ GRANTS_SHOWN = 100
 
 def _require_controls(principal: Principal) -> None:
     """The controls are the freezers' (the roles the capabilities services accept)."""
-    if principal.role not in capabilities.FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(
             f"The controls are for operators and admins; you are signed in as "
             f"{principal.role}. Ask an operator to freeze or unfreeze, or an admin for a grant."
@@ -113,7 +115,7 @@ def _controls_context(request: ConsoleRequest) -> dict[str, Any]:
         "agents": [p for p in people if p.role == Role.AGENT],
         "grants": [_grant_row(grant, now) for grant in grants],
         "grants_capped": len(grants) == GRANTS_SHOWN,
-        "may_grant": principal.role in capabilities.GRANTOR_ROLES,
+        "may_grant": principal.role in ADMIN_ROLES,
         "expiries": GRANT_EXPIRIES,
         "now": now,
         "view_name": "controls",
@@ -249,7 +251,7 @@ def capability_grant(request: ConsoleRequest) -> HttpResponse:
     """POST ``/controls/capabilities``: ``capability_grant`` (admins)."""
     principal = request.principal
     _require_controls(principal)
-    if principal.role not in capabilities.GRANTOR_ROLES:
+    if principal.role not in ADMIN_ROLES:
         raise NotPermitted("Only an admin grants capabilities.")
 
     def run(data: dict[str, Any]) -> str:

@@ -18,7 +18,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gateway import selectors, services
 from gateway.choices import (
+    APPROVER_ROLES,
     BEFORE_DISPATCH,
+    OPERATOR_ROLES,
     TERMINAL,
     EffectStatus,
 )
@@ -167,8 +169,8 @@ def available_actions(
     keeps buttons that could never work off the screen. ``page`` is what the other apps'
     panels put on the page (their buttons may depend on it, e.g. an open case)."""
     actions: set[str] = set()
-    operator = role_may(principal, services.OPERATOR_ROLES)
-    if effect.status == S.AWAITING_APPROVAL and role_may(principal, services.APPROVER_ROLES):
+    operator = role_may(principal, OPERATOR_ROLES)
+    if effect.status == S.AWAITING_APPROVAL and role_may(principal, APPROVER_ROLES):
         actions.add("reject")
         if effect.command.requested_by_id != principal.pk:
             actions.add("approve")

@@ -162,6 +162,6 @@ def took(attempt: Any) -> str:
 @register.filter
 def may_control(principal: Any) -> bool:
     """Whether the principal may open the controls page (the roles that freeze)."""
-    from gateway.capabilities import FREEZER_ROLES
+    from gateway.choices import OPERATOR_ROLES
 
-    return getattr(principal, "role", None) in FREEZER_ROLES
+    return getattr(principal, "role", None) in OPERATOR_ROLES
