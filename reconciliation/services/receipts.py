@@ -86,7 +86,7 @@ def webhook_receive(*, receipt: WebhookReceipt) -> tuple[WebhookDelivery, bool]:
             status = ""
             if effect_id is None:
                 _orphan(delivery, receipt, now)
-                outcome = WebhookOutcome.ORPHAN
+                outcome: str = WebhookOutcome.ORPHAN
                 detail = "no command of ours has this key or operation id; kept for a human"
             else:
                 # Locked against the reconciler and an operator writing the same effect.
@@ -162,7 +162,7 @@ def _apply_receipt(effect: Effect, receipt: WebhookReceipt, now: datetime) -> tu
                 f"{found.reason}; the effect is held for a mismatch, so an owner decides"
             )
         if found.mismatch:
-            fields = {
+            fields: dict[str, Any] = {
                 "mismatch": True,
                 "next_check_at": None,
                 "provider_operation_id": operation.id,
