@@ -12,11 +12,7 @@ from gateway import ledger
 from gateway.choices import OPERATOR_ROLES
 from gateway.errors import InvalidTransition, NotFound
 from gateway.models import Effect, Principal
-from reconciliation.choices import (
-    UNRESOLVED,
-    CaseReason,
-    CaseState,
-)
+from reconciliation.choices import UNRESOLVED, CaseReason, CaseState
 from reconciliation.models import Case
 from reconciliation.services.core import _FLAGGABLE, RECONCILER, S, _writing, on_mismatch
 

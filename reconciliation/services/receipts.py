@@ -15,10 +15,7 @@ from gateway.contracts import get_contract
 from gateway.models import Command, Effect, Receipt, Tenant
 from gateway.providers.base import ProviderOperation
 from gateway.providers.http import classify_operation
-from reconciliation.choices import (
-    CaseReason,
-    WebhookOutcome,
-)
+from reconciliation.choices import CaseReason, WebhookOutcome
 from reconciliation.metrics import WEBHOOKS
 from reconciliation.models import OrphanReceipt, WebhookDelivery
 from reconciliation.services.cases import _case_settle, case_open

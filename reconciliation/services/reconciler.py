@@ -21,12 +21,7 @@ from gateway.providers.base import CallResult, LookupResult
 from gateway.providers.base import LookupStatus as ProviderLookupStatus
 from gateway.providers.http import classify_operation
 from gateway.providers.registry import adapter_for
-from reconciliation.choices import (
-    CaseReason,
-    LookupBy,
-    RecordKind,
-    RecordOutcome,
-)
+from reconciliation.choices import CaseReason, LookupBy, RecordKind, RecordOutcome
 from reconciliation.metrics import LOOKUPS
 from reconciliation.models import ReconciliationRecord
 from reconciliation.services.cases import _case_settle, case_open, cases_open_for_flagged

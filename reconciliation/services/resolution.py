@@ -11,11 +11,7 @@ from gateway.choices import OPERATOR_ROLES, TO_RECONCILE
 from gateway.contracts import get_contract
 from gateway.errors import InvalidTransition, NotFound, ValidationProblem
 from gateway.models import Effect, Principal
-from reconciliation.choices import (
-    MANUAL_OUTCOMES,
-    RecordKind,
-    RecordOutcome,
-)
+from reconciliation.choices import MANUAL_OUTCOMES, RecordKind, RecordOutcome
 from reconciliation.models import ReconciliationRecord
 from reconciliation.services.cases import _case_settle
 from reconciliation.services.core import S, _writing
