@@ -47,7 +47,8 @@ def capability_reserve(
     if principal.role != Role.AGENT:
         return None, 0
     now = timezone.now()
-    amount = payload.get("amount") if isinstance(payload.get("amount"), int) else 0
+    given = payload.get("amount")
+    amount: int = given if isinstance(given, int) else 0
     currency = payload.get("currency", "")
     candidates = [
         cap

@@ -44,7 +44,7 @@ class ApprovalPolicy:
         actual = payload.get(self.field) if self.field else None
         if actual is None:
             return True  # a rule that cannot be evaluated errs on the side of a human
-        return _OPS[self.op](actual, self.value)
+        return _OPS[self.op or ""](actual, self.value)
 
     def as_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"mode": self.mode, "description": self.description}

@@ -131,7 +131,7 @@ def transition(
 
 
 # What a compensation's end means for the effect it compensates.
-_COMPENSATION_SETTLES = {
+_COMPENSATION_SETTLES: dict[str, str] = {
     S.CONFIRMED: S.COMPENSATED,
     S.REJECTED: S.COMPENSATION_FAILED,
     S.EXPIRED: S.COMPENSATION_FAILED,

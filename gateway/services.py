@@ -512,6 +512,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
                 )
             return None
         if _approval_expired(effect, now):
+            assert effect.approved_at is not None  # _approval_expired says it was approved
             ledger.transition(
                 effect,
                 to=S.AWAITING_APPROVAL,

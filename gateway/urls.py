@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
@@ -9,6 +11,8 @@ from gateway import health
 from gateway.console import urls as console_urls
 from reconciliation import urls as reconciliation_urls
 from sagas import urls as sagas_urls
+
+SECURE_CSP: dict[str, Any] = settings.SECURE_CSP
 
 # The console: each app's pages, composed under one namespace so that every
 # ``{% url 'console:…' %}`` names a page whichever app serves it.
@@ -26,7 +30,7 @@ urlpatterns = [
     path(
         "api/docs/",
         # Swagger UI's script is served as a file (split view); it styles elements inline.
-        csp_override({**settings.SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]})(
+        csp_override({**SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]})(
             SpectacularSwaggerSplitView.as_view(url_name="schema")
         ),
         name="api-docs",

@@ -116,6 +116,9 @@ def parse_receipt(provider: str, body: bytes, signed_at: int):
         errors["operation.result"] = ["must be an object"]
     if errors:
         return None, errors
+    # No errors: every field was found (mypy cannot follow the errors dict).
+    assert event_id is not None and key is not None
+    assert op_id is not None and status is not None and digest is not None
     receipt = services.WebhookReceipt(
         provider=provider,
         event_id=event_id,
@@ -176,18 +179,20 @@ ORPHANS_SHOWN = 50
 
 
 class ResolveForm(forms.Form):
-    outcome = forms.ChoiceField(
-        choices=[
-            ("confirmed", "confirmed — the provider did it"),
-            ("not_started", "not started — the provider never received it"),
-        ],
-        widget=forms.RadioSelect,
-    )
+    OUTCOMES = [
+        ("confirmed", "confirmed — the provider did it"),
+        ("not_started", "not started — the provider never received it"),
+    ]
+    outcome = forms.ChoiceField(choices=OUTCOMES, widget=forms.RadioSelect)
     evidence = forms.CharField(
         max_length=4000,
         widget=forms.Textarea,
         help_text="What proves it: a provider console link, a ticket, a statement line.",
     )
+
+
+# The outcomes an operator may record, as the forms of the pages list them.
+RESOLVE_OUTCOMES = ResolveForm.OUTCOMES
 
 
 def resolvable(effect: Effect) -> bool:
@@ -320,7 +325,7 @@ def _cases_context(request: ConsoleRequest, *, full: bool) -> dict[str, Any]:
             (choices.CaseState.ACKNOWLEDGED, "acknowledged"),
             (choices.CaseState.RESOLVED, "resolved"),
         ],
-        "resolve_outcomes": ResolveForm.base_fields["outcome"].choices,
+        "resolve_outcomes": RESOLVE_OUTCOMES,
         "now": now,
         "view_name": "cases",
     }
@@ -395,7 +400,7 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
             {
                 "row": row,
                 "filters": filters,
-                "resolve_outcomes": ResolveForm.base_fields["outcome"].choices,
+                "resolve_outcomes": RESOLVE_OUTCOMES,
             },
             request=request,
         )

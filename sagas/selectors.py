@@ -171,13 +171,13 @@ def saga_step_views(run: SagaRun, definition: SagaDefinition | None = None) -> l
     views = []
     for index, step in enumerate(definition.steps):
         issued = by_name.get(step.name, [])
-        record = issued[-1] if issued else None
-        effect = record.effect if record else None
+        last: SagaStep | None = issued[-1] if issued else None
+        effect = last.effect if last else None
         views.append(
             StepView(
                 index=index,
                 step=step,
-                record=record,
+                record=last,
                 earlier=issued[:-1],
                 receipt=receipts.get(effect.pk) if effect else None,
                 compensation_effect=(
