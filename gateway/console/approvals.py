@@ -12,24 +12,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from gateway import selectors, services
-from gateway.choices import (
-    APPROVER_ROLES,
-    EffectStatus,
-)
-from gateway.console.base import (
-    ConsoleRequest,
-    console_view,
-    poll_token,
-    render_polled,
-    role_may,
-)
+from gateway.choices import APPROVER_ROLES, EffectStatus
+from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled, role_may
 from gateway.contracts import EffectContract, get_contract
 from gateway.models import Effect, Principal
-from gateway.templatetags.console import (
-    money,
-    since,
-    until,
-)
+from gateway.templatetags.console import money, since, until
 
 S = EffectStatus
 

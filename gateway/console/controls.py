@@ -18,24 +18,14 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gateway import capabilities
-from gateway.choices import (
-    ADMIN_ROLES,
-    OPERATOR_ROLES,
-    Role,
-)
-from gateway.console.base import (
-    ConsoleRequest,
-    console_view,
-    perform,
-)
+from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, Role
+from gateway.console.base import ConsoleRequest, console_view, perform
 from gateway.console.forms import GRANT_EXPIRIES, GrantForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import capabilities_for_principal, type_freezes
 from gateway.contracts import CONTRACTS, EffectContract
 from gateway.errors import NotFound, NotPermitted
 from gateway.models import Capability, EffectTypeFreeze, Principal
-from gateway.templatetags.console import (
-    money,
-)
+from gateway.templatetags.console import money
 
 GRANTS_SHOWN = 100
 

@@ -17,13 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gateway import selectors, services
-from gateway.choices import (
-    APPROVER_ROLES,
-    BEFORE_DISPATCH,
-    OPERATOR_ROLES,
-    TERMINAL,
-    EffectStatus,
-)
+from gateway.choices import APPROVER_ROLES, BEFORE_DISPATCH, OPERATOR_ROLES, TERMINAL, EffectStatus
 from gateway.console import extensions
 from gateway.console.approvals import approval_card
 from gateway.console.base import (
@@ -41,10 +35,7 @@ from gateway.console.selectors import CORRELATION_KEYS
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import NotFound
 from gateway.models import Command, Effect, Principal, Receipt
-from gateway.templatetags.console import (
-    duration_label,
-    money,
-)
+from gateway.templatetags.console import duration_label, money
 
 S = EffectStatus
 

@@ -10,10 +10,7 @@ from urllib.parse import urlencode
 
 from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 
-from gateway.choices import (
-    EffectClass,
-    EffectStatus,
-)
+from gateway.choices import EffectClass, EffectStatus
 from gateway.contracts import CONTRACTS
 from gateway.models import Capability, Effect, EffectTypeFreeze, Principal
 

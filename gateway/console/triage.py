@@ -11,16 +11,9 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from gateway.choices import (
-    EffectStatus,
-)
+from gateway.choices import EffectStatus
 from gateway.console import extensions
-from gateway.console.base import (
-    ConsoleRequest,
-    console_view,
-    poll_token,
-    render_polled,
-)
+from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled
 from gateway.console.selectors import (
     OVERDUE_AFTER,
     SORTS,
@@ -32,10 +25,7 @@ from gateway.console.selectors import (
 )
 from gateway.contracts import CONTRACTS, EffectContract, get_contract
 from gateway.models import Effect
-from gateway.templatetags.console import (
-    duration_label,
-    money,
-)
+from gateway.templatetags.console import duration_label, money
 
 S = EffectStatus
 
