@@ -84,5 +84,5 @@ bench: install ## Run the benchmark
 	$(PY) manage.py bench
 
 clean: ## Remove .venv, var/ and caches
-	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ ./*.egg-info
+	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ .mypy_cache/ .import_linter_cache/ ./*.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
