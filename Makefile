@@ -55,7 +55,7 @@ browser: ## Install Debian's chromium for the browser tests when missing (root o
 		echo "      the browser tests need it: sudo apt-get install chromium"; \
 	fi
 
-test: install browser ## Lint, check migrations are current, run pytest
+test: install browser ## Lint, format, types, import boundaries, migrations current, pytest
 	@echo "==> database: $${DATABASE_URL:-SQLite (default)}; broker: $${CELERY_BROKER_URL:-embedded (default)}"
 	$(RUFF) check .
 	$(RUFF) format --check .
