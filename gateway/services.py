@@ -420,7 +420,10 @@ def command_submit(
                 else "",
                 data={"idempotency_key": idempotency_key, "payload_digest": digest},
             )
-            if not needs_approval:
+            if needs_approval:
+                # Announced like a transition: the agent waits on this state.
+                outbox_record(effect, to_status=S.AWAITING_APPROVAL)
+            else:
                 _enqueue_dispatch(effect.pk)
     except IntegrityError:
         # Another request with this key committed first: it is the one effect for the key.

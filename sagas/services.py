@@ -51,6 +51,7 @@ from gateway.services import (
     effect_cancel,
     effect_compensate,
 )
+from gateway.webhooks.services import saga_outbox_record
 from sagas.choices import (
     ABANDONABLE,
     ACTIVE,
@@ -173,6 +174,8 @@ def _set_state(
         data=data,
         now=now,
     )
+    # Announced to the tenant's webhook endpoints, in this transaction (gateway.webhooks).
+    saga_outbox_record(run, from_state=from_state, to_state=to, actor=actor, reason=reason)
     run.state, run.state_changed_at, run.updated_at = to, now, now
     run.next_check_at = _next_check(to, now)
     for name, value in fields.items():
