@@ -14,6 +14,7 @@ It imports neither Django nor Celery: an agent process needs only ``httpx``.
         effect = gateway.wait(effect.effect_id, timeout=60)
 """
 
+from effect_gateway_client.aio import AsyncGatewayClient
 from effect_gateway_client.client import CONTEXT_KEYS, GatewayClient
 from effect_gateway_client.errors import (
     AuthenticationFailed,
@@ -36,10 +37,13 @@ from effect_gateway_client.models import (
     tool_name,
 )
 
+__version__ = "0.2.0"
+
 __all__ = [
     "CONTEXT_KEYS",
     "SETTLED",
     "TERMINAL",
+    "AsyncGatewayClient",
     "AuthenticationFailed",
     "Conflict",
     "Effect",

@@ -47,7 +47,7 @@ class GatewayClient:
         retries: int = 4,
         backoff: float = 0.5,
         max_backoff: float = 10.0,
-        user_agent: str = "effect-gateway-client/1",
+        user_agent: str = "effect-gateway-client/2",
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not token:
@@ -100,15 +100,7 @@ class GatewayClient:
         Raises ValidationFailed (400), NotPermitted (403), IdempotencyKeyMismatch (422, the key
         names another payload), RateLimited, GatewayUnavailable.
         """
-        if not key or not isinstance(key, str):
-            raise ValueError("key is required: use deterministic_key(...) from the business plan")
-        body: dict[str, Any] = {"type": type, "resource": dict(resource), "payload": dict(payload)}
-        if intent is not None:
-            body["intent"] = dict(intent)
-        if context is not None:
-            body["context"] = dict(context)
-        if expires_in is not None:
-            body["expires_in"] = expires_in
+        body = command_body(type, resource, payload, key, intent, context, expires_in)
         response = self._request(
             "POST",
             "/api/v1/commands",
@@ -285,6 +277,28 @@ class GatewayClient:
             return
         ceiling = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
         time.sleep(random.uniform(ceiling / 2, ceiling))
+
+
+def command_body(
+    type: str,
+    resource: Mapping[str, Any],
+    payload: Mapping[str, Any],
+    key: str,
+    intent: Mapping[str, Any] | None,
+    context: Mapping[str, Any] | None,
+    expires_in: int | None,
+) -> dict[str, Any]:
+    """The body of ``POST /api/v1/commands`` (the key travels in the Idempotency-Key header)."""
+    if not key or not isinstance(key, str):
+        raise ValueError("key is required: use deterministic_key(...) from the business plan")
+    body: dict[str, Any] = {"type": type, "resource": dict(resource), "payload": dict(payload)}
+    if intent is not None:
+        body["intent"] = dict(intent)
+    if context is not None:
+        body["context"] = dict(context)
+    if expires_in is not None:
+        body["expires_in"] = expires_in
+    return body
 
 
 def _retry_after(response: httpx.Response) -> float | None:
