@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 VENV=.venv-clients
 STAMP=$VENV/.installed
-FRAMEWORKS=(openai-agents==0.24.0 langchain-mcp-adapters==0.3.2 langgraph==1.2.22)
+FRAMEWORKS=(openai-agents==0.24.0 langchain-mcp-adapters==0.3.2 langgraph==1.2.22 pipx==1.18.4)
 quiet() { "$@" 2>&1 | sed -u "/^WARNING: Location '.*' is ignored/d"; }
 
 if [[ ! -f $STAMP || clients/python/pyproject.toml -nt $STAMP || $0 -nt $STAMP ]]; then
@@ -26,6 +26,10 @@ quiet "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall ./cl
 rm -rf clients/python/build
 "$VENV/bin/python" -m pip check
 "$VENV/bin/python" clients/python/tests/smoke.py
+# As users run it: `pipx run` (its own throwaway environment, cached under $VENV/pipx).
+PIPX_HOME="$PWD/$VENV/pipx" PIPX_BIN_DIR="$PWD/$VENV/pipx/bin" \
+    "$VENV/bin/pipx" run --spec "./clients/python[mcp]" effect-gateway-mcp --help \
+    | grep -q "streamable-http" && echo "pipx run effect-gateway-mcp: ok"
 
 if command -v node >/dev/null && command -v npm >/dev/null; then
     cd clients/typescript
