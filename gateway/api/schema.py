@@ -19,8 +19,9 @@ import copy
 import re
 from typing import Any
 
-from gateway.choices import ApprovalState
+from gateway.choices import ApprovalState, EffectStatus
 from gateway.contracts import CONTRACTS
+from gateway.webhooks.choices import EventType
 
 PROBLEM = "application/problem+json"
 REF = "#/components/schemas/"
@@ -71,8 +72,11 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["Problem"] = _PROBLEM_SCHEMA
     schemas["EffectType"] = _effect_type_schema()
+    generated = set(schemas) - {"CommandSubmitRequest"}
     _commands_one_of(result, schemas)
     _enums(schemas)
+    # Only the generated answers: the hand-written schemas say their own required fields.
+    _required(schemas, skip=(set(schemas) - generated) | {"Problem", "EffectType"})
     _nullable(schemas)
     _nullable(result.get("paths", {}))
     for path, operations in result.get("paths", {}).items():
@@ -215,9 +219,35 @@ def _enums(schemas: dict[str, Any]) -> None:
             "properties": {"id": {"type": "string"}, "step": {"type": "string"}},
             "required": ["id", "step"],
         }
+    event = schemas.get("EffectEvent", {}).get("properties", {})
+    for name in ("from_status", "to_status"):
+        if name in event:
+            # "" when there was no status before (the submission).
+            event[name] = {"type": "string", "enum": ["", *EffectStatus.values]}
+    if "data" in event:
+        event["data"] = {"type": "object"}
+    strings = {"type": "array", "items": {"type": "string"}}
+    for name in ("Endpoint", "EndpointCreated"):
+        endpoint = schemas.get(name, {}).get("properties", {})
+        if "event_types" in endpoint:
+            endpoint["event_types"] = {
+                "type": "array",
+                "items": {"type": "string", "enum": list(EventType.values)},
+            }
+            endpoint["principals"] = strings
+            endpoint["run_ids"] = strings
     approval = schemas.get("Approval", {}).get("properties", {})
     if "state" in approval:
         approval["state"] = {"type": "string", "enum": list(ApprovalState.values)}
+
+
+def _required(schemas: dict[str, Any], *, skip: set[str]) -> None:
+    """An answer carries every field its serializer declares (null when empty): say so, or
+    generated clients type every field of an answer as optional."""
+    for name, schema in schemas.items():
+        if name in skip or name.endswith("Request") or "properties" not in schema:
+            continue
+        schema["required"] = sorted(schema["properties"])
 
 
 def _nullable(node: Any) -> None:

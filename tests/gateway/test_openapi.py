@@ -8,6 +8,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+from rest_framework.test import APIClient
 
 from gateway.contracts import CONTRACTS
 
@@ -72,6 +73,14 @@ def test_each_effect_type_has_its_own_command_schema(schema):
         )
 
 
+def test_answers_declare_every_field_they_carry(schema):
+    effect = schema["components"]["schemas"]["Effect"]
+    assert set(effect["required"]) == set(effect["properties"])
+    endpoint = schema["components"]["schemas"]["Endpoint"]
+    assert "event_types" in endpoint["required"]
+    assert "effect.awaiting_approval" in endpoint["properties"]["event_types"]["items"]["enum"]
+
+
 def test_every_operation_describes_its_error_answers(schema):
     for path, operations in schema["paths"].items():
         if not path.startswith("/api/v1/"):
@@ -103,7 +112,20 @@ def test_live_answers_match_the_schema(
     )
     conforms(schema, waiting.json(), "Effect")
 
+    endpoint = operator.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "http://127.0.0.1:9/x", "run_ids": ["run-1"]},
+        format="json",
+    )
+    conforms(
+        schema,
+        endpoint.json(),
+        ref=response_schema(schema, "/api/v1/webhook-endpoints", "post", "201"),
+    )
     answers = {
+        ("/api/v1/webhook-endpoints/{id}/messages", "get"): operator.client.get(
+            f"/api/v1/webhook-endpoints/{endpoint.json()['id']}/messages"
+        ),
         ("/api/v1/effects", "get"): agent.client.get("/api/v1/effects"),
         ("/api/v1/effects/{id}", "get"): agent.client.get(f"/api/v1/effects/{effect_id}"),
         ("/api/v1/effects/{id}/events", "get"): agent.client.get(
@@ -124,6 +146,9 @@ def test_live_answers_match_the_schema(
         ),
         ("/api/v1/effects/{id}", "get", "404"): agent.client.get("/api/v1/effects/eff_nope"),
         ("/api/v1/webhook-endpoints", "get", "403"): agent.client.get("/api/v1/webhook-endpoints"),
+        ("/api/v1/effects", "get", "401"): APIClient().get(
+            "/api/v1/effects", HTTP_AUTHORIZATION="Bearer egw_nope"
+        ),
     }
     for (path, method, status), response in problems.items():
         assert str(response.status_code) == status, (path, response.content)

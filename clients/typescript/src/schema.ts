@@ -700,20 +700,20 @@ export interface components {
         Capability: {
             readonly id: string;
             principal: string;
-            effect_types?: unknown;
-            resource_selector?: string;
-            budget_count?: number | null;
+            effect_types: unknown;
+            resource_selector: string;
+            budget_count: number | null;
             /** Format: int64 */
-            budget_amount?: number | null;
-            budget_currency?: string;
-            spent_count?: number;
+            budget_amount: number | null;
+            budget_currency: string;
+            spent_count: number;
             /** Format: int64 */
-            spent_amount?: number;
+            spent_amount: number;
             /** Format: date-time */
-            expires_at?: string | null;
+            expires_at: string | null;
             /** Format: date-time */
-            revoked_at?: string | null;
-            revoked_reason?: string;
+            revoked_at: string | null;
+            revoked_reason: string;
             created_by: string;
             /** Format: date-time */
             readonly created_at: string;
@@ -737,18 +737,18 @@ export interface components {
             owner: string;
             reason: components["schemas"]["ReasonEnum"];
             reason_text: string;
-            state?: components["schemas"]["CaseStateEnum"];
-            evidence?: unknown;
+            state: components["schemas"]["CaseStateEnum"];
+            evidence: unknown;
             opened_by: string;
             /** Format: date-time */
             opened_at: string;
-            acknowledged_by?: string | null;
+            acknowledged_by: string | null;
             /** Format: date-time */
-            acknowledged_at?: string | null;
+            acknowledged_at: string | null;
             readonly resolved_by: string | null;
             /** Format: date-time */
-            resolved_at?: string | null;
-            resolution?: string;
+            resolved_at: string | null;
+            resolution: string;
         };
         /**
          * @description * `open` - Open
@@ -797,10 +797,10 @@ export interface components {
             updated_at: string;
             /** Format: date-time */
             status_changed_at: string;
-            frozen?: boolean;
-            mismatch?: boolean;
-            escalated?: boolean;
-            provider_operation_id?: string;
+            frozen: boolean;
+            mismatch: boolean;
+            escalated: boolean;
+            provider_operation_id: string;
             readonly approval: components["schemas"]["Approval"];
             readonly receipt: components["schemas"]["Receipt"] | null;
             readonly compensation: components["schemas"]["Compensation"];
@@ -814,12 +814,14 @@ export interface components {
             readonly id: number;
             effect_id: string;
             kind: string;
-            from_status?: string;
-            to_status?: string;
+            /** @enum {string} */
+            from_status: "" | "PREPARED" | "AWAITING_APPROVAL" | "DISPATCHING" | "IN_PROGRESS" | "CONFIRMED" | "NOT_STARTED" | "UNKNOWN" | "REJECTED" | "EXPIRED" | "CANCELLED" | "COMPENSATING" | "COMPENSATED" | "COMPENSATION_FAILED";
+            /** @enum {string} */
+            to_status: "" | "PREPARED" | "AWAITING_APPROVAL" | "DISPATCHING" | "IN_PROGRESS" | "CONFIRMED" | "NOT_STARTED" | "UNKNOWN" | "REJECTED" | "EXPIRED" | "CANCELLED" | "COMPENSATING" | "COMPENSATED" | "COMPENSATION_FAILED";
             actor: string;
-            principal?: string | null;
-            reason?: string;
-            data?: unknown;
+            principal: string | null;
+            reason: string;
+            data: Record<string, never>;
             /** Format: date-time */
             created_at: string;
         };
@@ -827,12 +829,12 @@ export interface components {
             readonly id: string;
             /** Format: uri */
             url: string;
-            description?: string;
-            event_types?: unknown;
-            principals?: unknown;
-            run_ids?: unknown;
-            enabled?: boolean;
-            disabled_reason?: string;
+            description: string;
+            event_types: ("effect.awaiting_approval" | "effect.approved" | "effect.confirmed" | "effect.unknown" | "effect.rejected" | "effect.cancelled" | "effect.expired" | "effect.compensated" | "effect.compensation_failed" | "effect.approval_decided" | "saga.state_changed")[];
+            principals: string[];
+            run_ids: string[];
+            enabled: boolean;
+            disabled_reason: string;
             created_by: string;
             /** Format: date-time */
             created_at: string;
@@ -854,12 +856,12 @@ export interface components {
             readonly id: string;
             /** Format: uri */
             url: string;
-            description?: string;
-            event_types?: unknown;
-            principals?: unknown;
-            run_ids?: unknown;
-            enabled?: boolean;
-            disabled_reason?: string;
+            description: string;
+            event_types: ("effect.awaiting_approval" | "effect.approved" | "effect.confirmed" | "effect.unknown" | "effect.rejected" | "effect.cancelled" | "effect.expired" | "effect.compensated" | "effect.compensation_failed" | "effect.approval_decided" | "saga.state_changed")[];
+            principals: string[];
+            run_ids: string[];
+            enabled: boolean;
+            disabled_reason: string;
             created_by: string;
             /** Format: date-time */
             created_at: string;
@@ -918,16 +920,16 @@ export interface components {
             readonly id: string;
             event_type: components["schemas"]["EventTypeEnum"];
             effect_id: string;
-            state?: components["schemas"]["MessageStateEnum"];
-            attempts?: number;
-            last_status?: number | null;
-            last_error?: string;
+            state: components["schemas"]["MessageStateEnum"];
+            attempts: number;
+            last_status: number | null;
+            last_error: string;
             /** Format: date-time */
-            next_attempt_at?: string | null;
+            next_attempt_at: string | null;
             /** Format: date-time */
-            last_attempt_at?: string | null;
+            last_attempt_at: string | null;
             /** Format: date-time */
-            delivered_at?: string | null;
+            delivered_at: string | null;
             /** Format: date-time */
             created_at: string;
             payload: unknown;
@@ -945,12 +947,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["Capability"][];
         };
         PaginatedCaseList: {
@@ -958,12 +960,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["Case"][];
         };
         PaginatedEffectEventList: {
@@ -971,12 +973,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["EffectEvent"][];
         };
         PaginatedEffectList: {
@@ -984,12 +986,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["Effect"][];
         };
         PaginatedSagaEventList: {
@@ -997,12 +999,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["SagaEvent"][];
         };
         PaginatedSagaSummaryList: {
@@ -1010,12 +1012,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["SagaSummary"][];
         };
         PaginatedSagaTaskList: {
@@ -1023,12 +1025,12 @@ export interface components {
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
              */
-            next?: string | null;
+            next: string | null;
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
-            previous?: string | null;
+            previous: string | null;
             results: components["schemas"]["SagaTask"][];
         };
         /**
@@ -1060,17 +1062,17 @@ export interface components {
             readonly id: number;
             effect_id: string;
             kind: components["schemas"]["ReconciliationRecordKindEnum"];
-            lookup_by?: components["schemas"]["LookupByEnum"] | components["schemas"]["BlankEnum"];
-            lookup_status?: components["schemas"]["LookupStatusEnum"] | components["schemas"]["BlankEnum"];
-            http_status?: number | null;
-            provider_operation_id?: string;
-            provider_status?: string;
-            provider_digest?: string;
+            lookup_by: components["schemas"]["LookupByEnum"] | components["schemas"]["BlankEnum"];
+            lookup_status: components["schemas"]["LookupStatusEnum"] | components["schemas"]["BlankEnum"];
+            http_status: number | null;
+            provider_operation_id: string;
+            provider_status: string;
+            provider_digest: string;
             effect_status: string;
             outcome: components["schemas"]["ReconciliationRecordOutcomeEnum"];
-            check_number?: number;
+            check_number: number;
             actor: string;
-            principal?: string | null;
+            principal: string | null;
             evidence: string;
             /** Format: date-time */
             created_at: string;
@@ -1113,9 +1115,9 @@ export interface components {
             definition: string;
             tenant: string;
             state: components["schemas"]["SagaStateEnum"];
-            frozen?: boolean;
-            frozen_reason?: string;
-            current_step?: string;
+            frozen: boolean;
+            frozen_reason: string;
+            current_step: string;
             readonly failure: unknown | null;
             requested_by: string;
             idempotency_key: string;
@@ -1135,13 +1137,13 @@ export interface components {
             readonly id: number;
             saga_id: string;
             kind: string;
-            from_state?: string;
-            to_state?: string;
-            step?: string;
+            from_state: string;
+            to_state: string;
+            step: string;
             actor: string;
-            principal?: string | null;
-            reason?: string;
-            data?: unknown;
+            principal: string | null;
+            reason: string;
+            data: unknown;
             /** Format: date-time */
             created_at: string;
         };
@@ -1171,9 +1173,9 @@ export interface components {
             definition: string;
             tenant: string;
             state: components["schemas"]["SagaStateEnum"];
-            frozen?: boolean;
-            frozen_reason?: string;
-            current_step?: string;
+            frozen: boolean;
+            frozen_reason: string;
+            current_step: string;
             readonly failure: unknown | null;
             requested_by: string;
             idempotency_key: string;
@@ -1192,13 +1194,13 @@ export interface components {
             kind: components["schemas"]["SagaTaskKindEnum"];
             owner: string;
             reason: string;
-            state?: components["schemas"]["SagaTaskStateEnum"];
+            state: components["schemas"]["SagaTaskStateEnum"];
             /** Format: date-time */
             created_at: string;
-            done_by?: string | null;
+            done_by: string | null;
             /** Format: date-time */
-            done_at?: string | null;
-            note?: string;
+            done_at: string | null;
+            note: string;
         };
         /**
          * @description * `manual_compensation` - Manual Compensation
