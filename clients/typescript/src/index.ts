@@ -182,7 +182,7 @@ export class GatewayClient {
     if (filters.type) query.set("type", filters.type);
     if (filters.runId) query.set("context.run_id", filters.runId);
     if (filters.limit) query.set("limit", String(filters.limit));
-    const suffix = query.size ? `?${query}` : "";
+    const suffix = query.toString() ? `?${query}` : "";
     return (await this.request("GET", `/api/v1/effects${suffix}`)).json();
   }
 
