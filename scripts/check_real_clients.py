@@ -290,11 +290,26 @@ class Receiver:
         raise AssertionError(f"webhooks seen: {[e['type'] for e in self.events(secret)]}")
 
 
+registered: list[str] = []
+
+
 def register(operator: GatewayClient, receiver: Receiver, **filters) -> str:
     response = operator._request(
         "POST", "/api/v1/webhook-endpoints", json={"url": receiver.url, **filters}
     )
+    registered.append(response.json()["id"])
     return response.json()["secret"]
+
+
+def unregister(operator: GatewayClient) -> None:
+    """Switch this run's endpoints off: their receivers die with this process, and deliveries
+    retried to dead receivers would queue ahead of the demo's dispatches."""
+    for endpoint_id in registered:
+        operator._request(
+            "POST",
+            f"/api/v1/webhook-endpoints/{endpoint_id}/disable",
+            json={"reason": "check_real_clients.py finished"},
+        )
 
 
 class State(TypedDict, total=False):
@@ -497,11 +512,14 @@ def main() -> int:
         f"gateway {URL}, sandbox {SANDBOX}, run {RUN}, agent {agent_name}"
         f" ({len(me.results)} effect seen)"
     )
-    mcp_stdio(agent_token)
-    mcp_http(agent_token)
-    langgraph_two_threads(agent)
-    langgraph_cancel(agent, operator, agent_name)
-    webhook_coverage(agent, operator, approver, agent_name)
+    try:
+        mcp_stdio(agent_token)
+        mcp_http(agent_token)
+        langgraph_two_threads(agent)
+        langgraph_cancel(agent, operator, agent_name)
+        webhook_coverage(agent, operator, approver, agent_name)
+    finally:
+        unregister(operator)
     for name, ok, detail in results:
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
     failed = sum(not ok for _, ok, _ in results)
