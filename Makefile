@@ -19,7 +19,7 @@ DEMO_ARGS ?=
 # warns about each one on every call. They are noise, so drop them from the output.
 PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 
-.PHONY: help install browser test lint fmt typecheck lint-imports demo bench clean
+.PHONY: help install browser test lint fmt typecheck lint-imports demo bench clean clients-test clients-schema
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
@@ -62,6 +62,15 @@ test: install browser ## Lint, format, types, import boundaries, migrations curr
 	$(MAKE) typecheck lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) clients-test
+
+clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
+	bash scripts/clients_smoke.sh
+
+clients-schema: install ## Regenerate clients/typescript/openapi.json and its TypeScript types
+	$(PY) manage.py spectacular --format openapi-json --file clients/typescript/openapi.json
+	cd clients/typescript && { [ -x node_modules/.bin/tsc ] || npm ci --no-audit --no-fund; } \
+		&& node_modules/.bin/openapi-typescript openapi.json -o src/schema.ts
 
 lint: install ## ruff check and ruff format --check
 	$(RUFF) check .

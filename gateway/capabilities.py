@@ -35,6 +35,24 @@ def _live(now) -> Q:
     return Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
 
 
+def effect_types_permitted(principal: Principal) -> frozenset[str] | None:
+    """The effect types ``principal`` may submit on some resource, or None for every type
+    (people act under their role). A frozen principal may submit nothing. The budget is not
+    looked at: it is checked, and reserved, at submission."""
+    from gateway.contracts import CONTRACTS
+
+    if principal.frozen:
+        return frozenset()
+    if principal.role != Role.AGENT:
+        return None
+    patterns = [
+        pattern
+        for capability in Capability.objects.filter(_live(timezone.now()), principal=principal)
+        for pattern in capability.effect_types
+    ]
+    return frozenset(t for t in CONTRACTS if any(fnmatchcase(t, p) for p in patterns))
+
+
 def capability_reserve(
     *, principal: Principal, contract: EffectContract, resource: dict, payload: dict
 ) -> tuple[Capability | None, int]:

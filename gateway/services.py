@@ -242,6 +242,8 @@ def command_submit(
                 else "",
                 data={"idempotency_key": idempotency_key, "payload_digest": digest},
             )
+            for listener in hooks.effect_created:
+                listener(effect)
             if not needs_approval:
                 ledger.enqueue_dispatch(effect.pk)
     except IntegrityError:

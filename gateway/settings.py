@@ -231,6 +231,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {"SagaStateEnum": "sagas.choices.SagaState"},
+    # JSON Schema 2020-12 inside (the contracts' payload schemas are written in it), and the
+    # per-type command schemas, error answers and list shapes (gateway.api.schema).
+    "OAS_VERSION": "3.1.0",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gateway.api.schema.postprocess",
+    ],
 }
 
 # --- Celery ------------------------------------------------------------------------------------

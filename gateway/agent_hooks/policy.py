@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.client.models import tool_name
+from effect_gateway_client.models import tool_name
+
 from gateway.contracts import CONTRACTS, EffectContract
 
 MCP_SERVER = "effect-gateway"

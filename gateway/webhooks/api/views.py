@@ -50,6 +50,8 @@ class WebhookEndpointViewSet(viewsets.ViewSet):
             url=body["url"],
             event_types=body.get("event_types"),
             description=body.get("description", ""),
+            principals=body.get("principals"),
+            run_ids=body.get("run_ids"),
         )
         endpoint.secret = secret
         return Response(EndpointCreatedSerializer(endpoint).data, status=http.HTTP_201_CREATED)
