@@ -9,6 +9,7 @@ reject and cancel are re-sent only when they certainly did not arrive.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -162,10 +163,10 @@ class AsyncGatewayClient:
             next_cursor=next_cursor,
         )
 
-    async def events(self, effect_id: str) -> list[dict[str, Any]]:
+    async def events(self, effect_id: str) -> builtins.list[dict[str, Any]]:
         return (await self._request("GET", f"/api/v1/effects/{effect_id}/events")).json()
 
-    async def effect_types(self, *, permitted: bool = False) -> list[EffectType]:
+    async def effect_types(self, *, permitted: bool = False) -> builtins.list[EffectType]:
         params = {"permitted": "true"} if permitted else None
         body = (await self._request("GET", "/api/v1/effect-types", params=params)).json()
         return [EffectType.from_json(item) for item in body.get("results", [])]

@@ -9,6 +9,7 @@ idempotent (approve, reject, cancel) are retried only when they certainly did no
 
 from __future__ import annotations
 
+import builtins
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -180,11 +181,11 @@ class GatewayClient:
             next_cursor=next_cursor,
         )
 
-    def events(self, effect_id: str) -> list[dict[str, Any]]:
+    def events(self, effect_id: str) -> builtins.list[dict[str, Any]]:
         """The effect's status changes, oldest first (a JSON array)."""
         return self._request("GET", f"/api/v1/effects/{effect_id}/events").json()
 
-    def effect_types(self, *, permitted: bool = False) -> list[EffectType]:
+    def effect_types(self, *, permitted: bool = False) -> builtins.list[EffectType]:
         """The contracts; ``permitted=True``: only those this token may submit (an agent's
         live grants; people act under their role and see every type)."""
         params = {"permitted": "true"} if permitted else None

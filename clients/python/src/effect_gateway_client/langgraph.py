@@ -35,7 +35,7 @@ out-of-order webhook cannot mislead it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from langgraph.config import get_config
 from langgraph.types import Command, interrupt
@@ -53,7 +53,7 @@ __all__ = [
 KeyFunction = Callable[[str, Mapping[str, Any], Mapping[str, Any]], str]
 
 
-def _where() -> tuple[str, str, dict[str, Any]]:
+def _where() -> tuple[str, str, Mapping[str, Any]]:
     """(thread id, node name, config) of the running node."""
     config = get_config()
     thread_id = (config.get("configurable") or {}).get("thread_id")
@@ -176,7 +176,8 @@ def resume_thread(
     if target is None:
         return None
     thread_id, command = target
-    effect_id = (command.resume.get("data") or {}).get("effect_id")
+    event = cast(dict[str, Any], command.resume)  # resume_command resumes with the event
+    effect_id = (event.get("data") or {}).get("effect_id")
     config = {"configurable": {"thread_id": thread_id}}
     snapshot = graph.get_state(config)
     waiting = [

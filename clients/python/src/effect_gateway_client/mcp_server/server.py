@@ -528,7 +528,7 @@ class GatewayTools:
             call = partial(self._list, client, arguments)
         try:
             # The client is synchronous (and long polls): keep it off the event loop.
-            outcome = await anyio.to_thread.run_sync(call)
+            outcome: Effect | list[Effect] = await anyio.to_thread.run_sync(call)
         except RateLimited as error:
             return fixable_error(error)
         except AuthenticationFailed as error:
@@ -611,7 +611,8 @@ def build_server(tools: GatewayTools) -> Server:
 
     async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
         try:
-            name = server.request_context.session.client_params.clientInfo.name
+            params = server.request_context.session.client_params
+            name = params.clientInfo.name if params is not None else None  # not initialized
         except (AttributeError, LookupError):
             name = None
         return types.ServerResult(await tools.call_tool(request, name))
