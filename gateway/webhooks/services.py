@@ -16,6 +16,7 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from functools import partial
 from importlib import metadata
@@ -104,7 +105,7 @@ def internal_address(host: str) -> str | None:
     except socket.gaierror:
         return None  # unresolvable: nothing can be reached; the delivery fails and retries
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if any(getattr(address, attribute) for attribute in _INTERNAL):
             return str(address)
     return None
@@ -204,7 +205,7 @@ def endpoint_secret(endpoint: WebhookEndpoint) -> str:
 
 def _candidate_events(to_status: str) -> list[str]:
     """Events a change to ``to_status`` may announce, before knowing where it came from."""
-    events = []
+    events: list[str] = []
     if to_status == S.PREPARED:
         events.append(EventType.APPROVED)  # only when it left AWAITING_APPROVAL
     if to_status in (S.PREPARED, S.REJECTED):
@@ -299,7 +300,7 @@ def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
 
 
 def _payload(
-    effect: Effect, event: str, to_status: str, change: dict[str, Any], now
+    effect: Effect, event: str, to_status: str, change: Mapping[str, Any], now
 ) -> dict[str, Any]:
     """Standard Webhooks body: type, timestamp, data. Ids, statuses and correlation only —
     never the command's payload."""
