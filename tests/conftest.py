@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 from rest_framework.test import APIClient
 
 from gateway.celery import app as celery_app
@@ -19,18 +18,6 @@ from gateway.models import Principal
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
 PROVIDER_NAMES = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``postgres`` need row locks and real concurrency: skip them, with the
-    reason, when the suite runs on the SQLite default."""
-    vendor = connection.vendor
-    if vendor == "postgresql":
-        return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://…; .ci/run does)")
-    for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

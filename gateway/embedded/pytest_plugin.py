@@ -1,0 +1,58 @@
+"""pytest plugin (``-p gateway.embedded.pytest_plugin``): the test run's own servers.
+
+With no ``DATABASE_URL``, the run starts one embedded PostgreSQL and one Valkey before Django
+reads its settings, points the environment at them, and stops them when the run ends, also
+after Ctrl-C or a failure. xdist workers inherit the environment, so all workers share the
+two servers; pytest-django gives each worker its own test database (``test_gateway_gw0``…),
+and each worker gets its own default task queue so their messages never mix.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gateway import embedded
+
+# PostgreSQL refuses connection number max_connections+1: the run cannot hold more than this.
+# Measured peak of `make test` with two xdist workers: see README ("Tests").
+MAX_CONNECTIONS = 24
+
+_servers: embedded.TestServers | None = None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Runs before pytest-django loads the settings, which read the environment."""
+    global _servers
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None and not os.environ.get("DATABASE_URL"):
+        if os.environ.get("CELERY_BROKER_URL"):
+            raise pytest.UsageError(
+                "CELERY_BROKER_URL is set but DATABASE_URL is not: set both (servers of your "
+                "own) or neither (embedded servers)"
+            )
+        _servers = embedded.TestServers(MAX_CONNECTIONS)
+        try:
+            os.environ.update(_servers.start())
+        except embedded.EmbeddedError as exc:
+            _servers = None
+            raise pytest.UsageError(str(exc)) from None
+    if worker is not None:
+        os.environ.setdefault("GATEWAY_TASK_QUEUE", f"celery-{worker}")
+    return (yield)
+
+
+def pytest_report_header(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    where = "embedded (this run's own)" if _servers else "from DATABASE_URL / CELERY_BROKER_URL"
+    return f"database and broker: {where}"
+
+
+def pytest_unconfigure(config):
+    global _servers
+    if _servers is not None:
+        _servers.stop()
+        _servers = None
