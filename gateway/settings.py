@@ -327,6 +327,14 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Logging: one JSON object a line, never a payload ---------------------------------------
+# LOG_FORMAT=text is for people (the demo): time, level, message and the record's fields.
+# LOG_TRANSITIONS_LEVEL keeps the one line per effect / saga state change when LOG_LEVEL
+# quiets everything else (the demo runs with WARNING + INFO).
+_LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+_TRANSITIONS_LEVEL = env_str("LOG_TRANSITIONS_LEVEL", _LOG_LEVEL)
+_LOG_FORMAT = env_str("LOG_FORMAT", "json")
+if _LOG_FORMAT not in {"json", "text"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={_LOG_FORMAT!r}: use json or text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -336,8 +344,15 @@ LOGGING = {
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
+        "text": {"()": "gateway.embedded.logs.TextFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": _LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": _LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # runserver's request lines: one per static file is noise below INFO.
+        "django.server": {"level": _LOG_LEVEL},
+        "gateway.services": {"level": _TRANSITIONS_LEVEL},
+        "sagas.services": {"level": _TRANSITIONS_LEVEL},
+    },
 }
