@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # Commands that never touch the database or the broker: no servers for them.
-NO_SERVERS = {"help", "--help", "-h", "version", "--version", "makemigrations", "check"}
+NO_SERVERS = {"help", "--help", "-h", "version", "--version", "run_sandbox_provider"}
 
 
 def main() -> None:

@@ -6,9 +6,12 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gateway import health
+from gateway.api_root import api_root
 from reconciliation import views as reconciliation_views
 
 urlpatterns = [
+    path("api/", api_root, name="api-root"),
+    path("api/v1/", api_root, name="api-root-v1"),
     path("api/v1/", include("gateway.api.urls")),
     path("api/v1/", include("gateway.webhooks.api.urls")),
     path("hooks/claude-code/", include("gateway.agent_hooks.urls")),

@@ -5,13 +5,21 @@ reads its settings, points the environment at them, and stops them when the run 
 after Ctrl-C or a failure. xdist workers inherit the environment, so all workers share the
 two servers; pytest-django gives each worker its own test database (``test_gateway_gw0``…),
 and each worker gets its own default task queue so their messages never mix.
+
+The run also gets a private ``GATEWAY_VAR_DIR`` (with its development vault key written once,
+before the workers start): a demo running in the same checkout, or a ``make clean``, can then
+neither see nor disturb what the tests and their worker processes keep there.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 from gateway import embedded
 
@@ -20,13 +28,20 @@ from gateway import embedded
 MAX_CONNECTIONS = 24
 
 _servers: embedded.TestServers | None = None
+_var_dir: Path | None = None
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """Runs before pytest-django loads the settings, which read the environment."""
-    global _servers
+    global _servers, _var_dir
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None and not os.environ.get("GATEWAY_VAR_DIR"):
+        _var_dir = Path(tempfile.mkdtemp(prefix="eg-test-var-"))
+        key = _var_dir / "vault.key"
+        key.write_text(Fernet.generate_key().decode())
+        key.chmod(0o600)
+        os.environ["GATEWAY_VAR_DIR"] = str(_var_dir)
     if worker is None and not os.environ.get("DATABASE_URL"):
         if os.environ.get("CELERY_BROKER_URL"):
             raise pytest.UsageError(
@@ -52,7 +67,10 @@ def pytest_report_header(config):
 
 
 def pytest_unconfigure(config):
-    global _servers
+    global _servers, _var_dir
     if _servers is not None:
         _servers.stop()
         _servers = None
+    if _var_dir is not None:
+        shutil.rmtree(_var_dir, ignore_errors=True)
+        _var_dir = None
