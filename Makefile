@@ -60,7 +60,7 @@ browser: ## Install Debian's chromium for the browser tests when missing (root o
 	fi
 
 test: install browser ## Lint, check migrations are current, run pytest
-	@echo "==> database: $${DATABASE_URL:-embedded PostgreSQL (the run's own)}; broker: $${CELERY_BROKER_URL:-embedded Valkey}"
+	@echo "==> database: $${DATABASE_URL:-embedded PostgreSQL, this run only}; broker: $${CELERY_BROKER_URL:-embedded Valkey}"
 	$(RUFF) check .
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
