@@ -293,12 +293,14 @@ def banner_lines(
         lines += [
             f"    {f'{name}@{DEMO_TENANT}':<12} / {pw:<15} {role}" for name, role, pw in LOGINS
         ]
-        lines += ["  API tokens (the same on every start)"]
-        lines += [f"    {name:<11} {token}" for name, token in tokens.items()]
         lines += [
+            f"  Agent token ({AGENT}), the same on every start:",
+            f"    {tokens[AGENT]}",
+            "  Tokens of the logins, for the API:",
+            *[f"    {name:<6} {tokens[name]}" for name, _, _ in LOGINS if name in tokens],
             "",
             "  Submit a command:",
-            f"    export GATEWAY_URL={base.rstrip('/')} TOKEN={tokens[AGENT]}",
+            f"    export GATEWAY_URL={base.rstrip('/')} GATEWAY_TOKEN={tokens[AGENT]}",
             f"    {curl_example()}",
         ]
         if scenario:
@@ -362,11 +364,11 @@ def issue_token(principal: str, role: str, password: str | None = None) -> str:
 
 
 def curl_example() -> str:
-    """A copy-paste curl that submits DEMO_COMMAND to $GATEWAY_URL with the token in $TOKEN."""
+    """A copy-paste curl that submits DEMO_COMMAND to $GATEWAY_URL with $GATEWAY_TOKEN."""
     body = json.dumps(DEMO_COMMAND, separators=(",", ":"))
     return (
         'curl -s -X POST "$GATEWAY_URL/api/v1/commands"'
-        ' -H "Authorization: Bearer $TOKEN"'
+        ' -H "Authorization: Bearer $GATEWAY_TOKEN"'
         ' -H "Idempotency-Key: demo-ticket-1"'
         ' -H "Content-Type: application/json"'
         f" -d '{body}'"
