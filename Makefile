@@ -63,7 +63,7 @@ test: install browser ## Lint, check migrations are current, run pytest
 	@echo "==> database: $${DATABASE_URL:-embedded PostgreSQL, this run only}; broker: $${CELERY_BROKER_URL:-embedded Valkey}"
 	$(RUFF) check .
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: install ## ruff check and ruff format --check
 	$(RUFF) check .

@@ -19,6 +19,25 @@ from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
 PROVIDER_NAMES = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
 
+# Tests that hold many database connections at once: twenty racing threads, or real worker
+# and beat processes. Under pytest-xdist (`--dist loadgroup`) they all run on one worker, one
+# at a time, so a run's connections stay near one such test's plus the other worker's one or
+# two, under the embedded server's cap; and real workers never compete with each other for
+# the two cores, which keeps their timing (lease, backoff) far from the tests' timeouts.
+MANY_CONNECTIONS = (
+    "tests/gateway/test_concurrency.py",
+    "tests/sagas/test_concurrency.py",
+    "tests/reconciliation/test_concurrency.py",
+    "tests/gateway/test_security.py::test_concurrent_submissions_never_overspend_a_budget",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    group = pytest.mark.xdist_group("many-connections")
+    for item in items:
+        if "worker" in item.keywords or item.nodeid.startswith(MANY_CONNECTIONS):
+            item.add_marker(group)
+
 
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[SandboxServer]:
