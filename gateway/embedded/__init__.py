@@ -93,10 +93,15 @@ def broker_url(run_dir: Path) -> str:
 # --- Processes -------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: have the kernel stop the server if the process that started it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGQUIT)
+def die_with_parent(sig: int = signal.SIGQUIT):
+    """A preexec_fn: have the kernel send the child `sig` when the process that started it
+    dies, however it dies (SIGQUIT: PostgreSQL's immediate shutdown)."""
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+    return preexec
 
 
 def _run_as() -> dict:
@@ -131,6 +136,9 @@ class Server:
         self.process: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
 
+    # Sent by the kernel when the process that started the server dies.
+    parent_death_signal = signal.SIGQUIT
+
     def _spawn(self, argv: list[str], log: Path, **kwargs) -> None:
         self.log = log
         with log.open("ab") as handle:
@@ -139,7 +147,7 @@ class Server:
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent(self.parent_death_signal),
                 start_new_session=True,  # Ctrl-C in the terminal reaches only our process
                 **kwargs,
             )
@@ -278,6 +286,7 @@ class Valkey(Server):
     """A Valkey server (the Redis protocol) on a unix socket, without persistence."""
 
     name = "Valkey (Redis)"
+    parent_death_signal = signal.SIGTERM  # Valkey does not act on SIGQUIT
 
     def __init__(self, data_dir: Path, run_dir: Path) -> None:
         super().__init__()

@@ -38,6 +38,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.management.color import supports_color
 from django.db import connection, connections
 
+from gateway import embedded
 from gateway.api.auth import hash_token
 from gateway.management import demo_incidents
 from gateway.models import ApiToken
@@ -455,6 +456,8 @@ def start_child(child: Child, env: dict[str, str], emit: Callable[[str, str, str
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         process_group=0,  # Ctrl-C goes to our group only; we stop the children ourselves
+        # Should this supervisor be killed outright, the kernel stops the children too.
+        preexec_fn=embedded.die_with_parent(signal.SIGTERM),
     )
     child.relay = threading.Thread(
         target=relay_output, args=(child, emit), name=f"relay-{child.name}", daemon=True
