@@ -1,8 +1,9 @@
 """Settings for the Effect Gateway, all from environment variables (SPEC §2).
 
-The defaults run on one machine with nothing else installed: a SQLite file and Celery's
-filesystem broker under ``var/``. Production and CI set ``DATABASE_URL`` (PostgreSQL) and
-``CELERY_BROKER_URL`` (Redis).
+The defaults run on one machine with nothing else installed, on the production engines:
+PostgreSQL and Valkey (Redis) from wheels, data under ``var/``, reached by unix sockets
+(``gateway.embedded``; ``manage.py``, ``make demo`` and the test plugin start them). Production
+and CI set ``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis) to their servers.
 """
 
 import json
@@ -13,6 +14,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
+
+from gateway import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GATEWAY_VAR_DIR", BASE_DIR / "var"))
@@ -119,25 +122,18 @@ TEMPLATES = [
 ]
 
 # --- The ledger database -------------------------------------------------------------------
-_DEFAULT_SQLITE = f"sqlite:///{VAR_DIR / 'gateway.sqlite3'}"
+# PostgreSQL only: row locks (SKIP LOCKED), the append-only triggers and real concurrency are
+# what the ledger's guarantees rest on, so there is no second engine to keep equivalent.
+_EMBEDDED_RUN_DIR = embedded.socket_dir(VAR_DIR)
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", _DEFAULT_SQLITE), conn_max_age=60, conn_health_checks=True
+        env_str("DATABASE_URL", "") or embedded.database_url(_EMBEDDED_RUN_DIR),
+        conn_max_age=60,
+        conn_health_checks=True,
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    # Web, worker and beat share the file: WAL lets readers run beside the one writer,
-    # IMMEDIATE takes the write lock at BEGIN so two writers queue instead of deadlocking.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"]["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-    }
-    # Tests on SQLite use a file, so that worker processes started by a test see its rows;
-    # one per test run, so that two runs on one machine do not lock each other out.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_gateway_{os.getpid()}.sqlite3")}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -241,22 +237,12 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Celery ------------------------------------------------------------------------------------
-_BROKER_DIR = VAR_DIR / "broker"
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
-if CELERY_BROKER_URL.startswith("filesystem://"):
-    for sub in ("out", "processed", "control"):
-        (_BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_BROKER_DIR / "out"),
-        "data_folder_out": str(_BROKER_DIR / "out"),
-        "processed_folder": str(_BROKER_DIR / "processed"),
-        "control_folder": str(_BROKER_DIR / "control"),
-        "store_processed": False,
-    }
-else:
-    # Redis redelivers an unacknowledged message after this long. It must exceed the longest
-    # task; a redelivery is harmless anyway (the claim is compare-and-set).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or embedded.broker_url(_EMBEDDED_RUN_DIR)
+if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")):
+    raise ImproperlyConfigured("CELERY_BROKER_URL must be a redis:// URL (Redis or Valkey)")
+# Redis redelivers an unacknowledged message after this long. It must exceed the longest
+# task; a redelivery is harmless anyway (the claim is compare-and-set).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
 CELERY_TASK_IGNORE_RESULT = True
@@ -348,6 +334,14 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Logging: one JSON object a line, never a payload ---------------------------------------
+# LOG_FORMAT=text is for people (the demo): time, level, message and the record's fields.
+# LOG_TRANSITIONS_LEVEL keeps the one line per effect / saga state change when LOG_LEVEL
+# quiets everything else (the demo runs with WARNING + INFO).
+_LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+_TRANSITIONS_LEVEL = env_str("LOG_TRANSITIONS_LEVEL", _LOG_LEVEL)
+_LOG_FORMAT = env_str("LOG_FORMAT", "json")
+if _LOG_FORMAT not in {"json", "text"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={_LOG_FORMAT!r}: use json or text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -357,8 +351,15 @@ LOGGING = {
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
+        "text": {"()": "gateway.embedded.logs.TextFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": _LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": _LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # runserver's request lines: one per static file is noise below INFO.
+        "django.server": {"level": _LOG_LEVEL},
+        "gateway.services": {"level": _TRANSITIONS_LEVEL},
+        "sagas.services": {"level": _TRANSITIONS_LEVEL},
+    },
 }
