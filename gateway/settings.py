@@ -285,6 +285,8 @@ if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
 ):
     raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
 GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
+# Seconds a provider connection is kept alive between calls (0: a new connection per call).
+GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
 # A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
 # let recovery declare a call that is still running UNKNOWN and the reconciler race it.
