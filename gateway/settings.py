@@ -122,7 +122,9 @@ TEMPLATES = [
 _DEFAULT_SQLITE = f"sqlite:///{VAR_DIR / 'gateway.sqlite3'}"
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", _DEFAULT_SQLITE), conn_max_age=60, conn_health_checks=True
+        env_str("DATABASE_URL", _DEFAULT_SQLITE),
+        conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -323,6 +325,12 @@ GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 # How long an active saga may go without news before the sweeper advances it again.
 GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 
+# The audit sequencer: how often it seals committed events into the chain, how many per
+# transaction, and into how many tenant shards the work is split (one beat entry each).
+GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 1)
+GATEWAY_AUDIT_SEAL_BATCH = env_int("GATEWAY_AUDIT_SEAL_BATCH", 1000)
+GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
@@ -339,6 +347,16 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-webhooks": {
         "task": "gateway.webhooks.tasks.sweep_webhooks",
         "schedule": timedelta(seconds=GATEWAY_WEBHOOK_SWEEP_INTERVAL),
+    },
+    **{
+        f"seal-audit-{shard}": {
+            "task": "gateway.tasks.seal_audit",
+            "schedule": timedelta(seconds=GATEWAY_AUDIT_SEAL_INTERVAL),
+            "args": (shard, GATEWAY_AUDIT_SHARDS),
+            # A pass that waited longer than two intervals is superseded by the next one.
+            "options": {"expires": 2 * GATEWAY_AUDIT_SEAL_INTERVAL},
+        }
+        for shard in range(GATEWAY_AUDIT_SHARDS)
     },
 }
 
