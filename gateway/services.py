@@ -213,14 +213,29 @@ def _notify_saga(saga_id: str) -> None:
         from sagas.tasks import advance_saga
     except ImportError:  # the sagas app is optional for the ledger
         return
-    transaction.on_commit(partial(advance_saga.delay, saga_id))
+    transaction.on_commit(partial(_publish, advance_saga, saga_id))
 
 
 def _enqueue_dispatch(effect_id: str) -> None:
     from gateway.tasks import dispatch_effect
 
     # After commit: a worker must never pick up an effect whose row it cannot see yet.
-    transaction.on_commit(partial(dispatch_effect.delay, effect_id))
+    transaction.on_commit(partial(_publish, dispatch_effect, effect_id))
+
+
+def _publish(task, object_id: str) -> None:
+    """Send ``task`` for a committed effect (or saga). A broker that is down must not turn a
+    committed command into an error answer (the caller would resubmit under a new key): the
+    ledger is the record, and the sweepers send what is due when the broker is back (an
+    effect's ``next_dispatch_at`` is set before it commits)."""
+    try:
+        task.delay(object_id)
+    except Exception:
+        logger.warning(
+            "publish failed; the sweeper will send it",
+            extra={"task": task.name, "object_id": object_id},
+            exc_info=True,
+        )
 
 
 def _backoff(base: float, attempt: int, *, cap: float = 300.0) -> timedelta:
