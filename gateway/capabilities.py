@@ -238,4 +238,7 @@ def principal_set_frozen(
                 reason=reason,
             )
     target.frozen = frozen
+    from gateway.api.auth import forget_principal_tokens
+
+    forget_principal_tokens(target.pk)  # this process at once; others within the token TTL
     return target

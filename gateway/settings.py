@@ -222,6 +222,9 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"token": env_str("GATEWAY_TOKEN_RATE", "6000/min")},
     "UNAUTHENTICATED_USER": None,
 }
+# Seconds a web process trusts a token (and its principal) it has already looked up; a
+# revocation or a freeze reaches every process within this (docs/security.md). 0: no cache.
+GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
