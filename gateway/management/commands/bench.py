@@ -214,6 +214,8 @@ class Command(BaseCommand):
             "GATEWAY_TASK_QUEUE": f"bench-{run}",
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "WARNING",
+            # Backends that live for the whole run: their CPU is read from /proc per pass.
+            "GATEWAY_DB_CONN_MAX_AGE": "600",
         }
         logs = settings.VAR_DIR / "bench"
         logs.mkdir(parents=True, exist_ok=True)
@@ -358,7 +360,8 @@ class Command(BaseCommand):
             if not Effect.objects.filter(pk__in=ids).exclude(status__in=SETTLED).exists():
                 break
             time.sleep(0.02)
-        cpu = CpuGroups.take(pids).spent_since(before)
+        # Listed again: a backend or a worker child born during the pass counts from birth.
+        cpu = CpuGroups.take(self._pids()).spent_since(before)
         commits = self._commits() - commits_before
         rows = list(
             Effect.objects.filter(pk__in=ids).values_list("status", "created_at", "confirmed_at")
