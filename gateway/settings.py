@@ -333,6 +333,9 @@ GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 1)
 GATEWAY_AUDIT_SEAL_BATCH = env_int("GATEWAY_AUDIT_SEAL_BATCH", 1000)
 GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
+# A queue of its own for the sequencer (workers must consume it too: -Q celery,audit), so
+# that a seal pass never waits behind a deep dispatch queue; empty: the default queue.
+GATEWAY_AUDIT_QUEUE = env_str("GATEWAY_AUDIT_QUEUE", "")
 
 CELERY_BEAT_SCHEDULE = {
     "sweep-dispatch": {
@@ -357,7 +360,10 @@ CELERY_BEAT_SCHEDULE = {
             "schedule": timedelta(seconds=GATEWAY_AUDIT_SEAL_INTERVAL),
             "args": (shard, GATEWAY_AUDIT_SHARDS),
             # A pass that waited longer than two intervals is superseded by the next one.
-            "options": {"expires": 2 * GATEWAY_AUDIT_SEAL_INTERVAL},
+            "options": {
+                "expires": 2 * GATEWAY_AUDIT_SEAL_INTERVAL,
+                **({"queue": GATEWAY_AUDIT_QUEUE} if GATEWAY_AUDIT_QUEUE else {}),
+            },
         }
         for shard in range(GATEWAY_AUDIT_SHARDS)
     },

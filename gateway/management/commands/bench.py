@@ -216,6 +216,8 @@ class Command(BaseCommand):
             "LOG_LEVEL": "WARNING",
             # Backends that live for the whole run: their CPU is read from /proc per pass.
             "GATEWAY_DB_CONN_MAX_AGE": "600",
+            # The sequencer on a queue of its own: a seal pass does not wait behind dispatches.
+            "GATEWAY_AUDIT_QUEUE": f"bench-{run}-audit",
         }
         logs = settings.VAR_DIR / "bench"
         logs.mkdir(parents=True, exist_ok=True)
@@ -238,7 +240,7 @@ class Command(BaseCommand):
                 "--loglevel", "WARNING",
                 "--concurrency", str(options["worker_concurrency"]),
                 "--prefetch-multiplier", "1",
-                "-Q", f"bench-{run}",
+                "-Q", f"bench-{run},bench-{run}-audit",
                 "-n", f"bench{index}-{run}@%h",
                 "--without-heartbeat", "--without-mingle", "--without-gossip",
             ]  # fmt: skip
