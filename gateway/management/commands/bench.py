@@ -146,6 +146,7 @@ class Command(BaseCommand):
         parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument("--worker-concurrency", type=int, default=4)
         parser.add_argument("--worker-processes", type=int, default=1)
+        parser.add_argument("--worker-pool", default="prefork", choices=["prefork", "threads"])
         parser.add_argument("--floor-pool", type=int, default=4)
         parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
         parser.add_argument("--timeout", type=float, default=180)
@@ -239,6 +240,7 @@ class Command(BaseCommand):
                 sys.executable, "-m", "celery", "-A", "gateway", "worker",
                 "--loglevel", "WARNING",
                 "--concurrency", str(options["worker_concurrency"]),
+                "--pool", options["worker_pool"],
                 "--prefetch-multiplier", "1",
                 "-Q", f"bench-{run},bench-{run}-audit",
                 "-n", f"bench{index}-{run}@%h",
@@ -471,7 +473,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"bench {run}: c={levels}, {rounds} round(s); gunicorn {o['web_workers']}×"
             f"{o['web_threads']} gthread, {o['worker_processes']} Celery worker(s) ×"
-            f"{o['worker_concurrency']} prefork, floor pool {o['floor_pool']}, tenants "
+            f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, tenants "
             f"{o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
         )
 
