@@ -142,6 +142,7 @@ class Command(BaseCommand):
             "--effects", type=int, default=0, help="effects per pass (default: 10 × c, ≥ 40)"
         )
         parser.add_argument("--quick", action="store_true", help="one round, small passes")
+        parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument("--worker-concurrency", type=int, default=4)
@@ -173,9 +174,10 @@ class Command(BaseCommand):
             + (f" password={db['PASSWORD']}" if db.get("PASSWORD") else "")
         )
         self.floor_args = {"dsn": dsn, "pool_size": options["floor_pool"], "url": urls["tickets"]}
-        port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        self.children = self._start(run, port, urls)
+        ports = [free_port() for _ in range(options["web_nodes"])]
+        self.bases = [f"http://127.0.0.1:{port}" for port in ports]
+        self.base = self.bases[0]
+        self.children = self._start(run, ports, urls)
         results: dict[int, list[dict]] = {}
         try:
             self._wait_ready()
@@ -207,7 +209,7 @@ class Command(BaseCommand):
         )
         return out.getvalue().strip().splitlines()[-1]
 
-    def _start(self, run: str, port: int, urls: dict) -> list[subprocess.Popen]:
+    def _start(self, run: str, ports: list[int], urls: dict) -> list[subprocess.Popen]:
         options = self.options
         env = {
             **os.environ,
@@ -232,9 +234,11 @@ class Command(BaseCommand):
                     "-k", "gthread", "--log-level", "warning",
                 ],
                 env,
-                logs / "web.log",
+                logs / f"web{node}.log",
             )
+            for node, port in enumerate(ports)
         ]  # fmt: skip
+        web = len(children)
         for index in range(options["worker_processes"]):
             worker = [
                 sys.executable, "-m", "celery", "-A", "gateway", "worker",
@@ -249,7 +253,7 @@ class Command(BaseCommand):
             if index == 0:  # one beat: the sweeper and the audit sequencer
                 worker += ["-B", "-s", str(logs / f"beat-{run}")]
             children.append(self._spawn(worker, env, logs / f"worker{index}.log"))
-        self.groups = {"web": [children[0]], "worker": children[1:]}
+        self.groups = {"web": children[:web], "worker": children[web:]}
         return children
 
     def _spawn(self, args: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -274,13 +278,17 @@ class Command(BaseCommand):
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        waiting = list(self.bases)
+        while waiting and time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
+                if httpx.get(f"{waiting[0]}/healthz", timeout=1).status_code == 200:
+                    waiting.pop(0)
+                    continue
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
+        if not waiting:
+            return
         raise CommandError("the web server did not start; see var/bench/web.log")
 
     def _warm(self, token: str) -> None:
@@ -347,7 +355,7 @@ class Command(BaseCommand):
             token = tokens[index % len(tokens)]
             t0 = time.perf_counter()
             response = client.post(
-                f"{self.base}/api/v1/commands",
+                f"{self.bases[index % len(self.bases)]}/api/v1/commands",
                 headers=_headers(token, f"{prefix}:{index}"),
                 json={**BODY, "payload": {"title": f"bench {index}", "priority": "P4"}},
             )
@@ -471,7 +479,8 @@ class Command(BaseCommand):
     def _header(self, run: str, levels: list[int], rounds: int) -> None:
         o = self.options
         self.stdout.write(
-            f"bench {run}: c={levels}, {rounds} round(s); gunicorn {o['web_workers']}×"
+            f"bench {run}: c={levels}, {rounds} round(s); {o['web_nodes']} gunicorn × "
+            f"{o['web_workers']}×"
             f"{o['web_threads']} gthread, {o['worker_processes']} Celery worker(s) ×"
             f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, tenants "
             f"{o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
