@@ -185,6 +185,9 @@ def capability_revoke(*, capability: Capability, principal: Principal, reason: s
             reason=reason,
         )
     capability.refresh_from_db()
+    from gateway.fastpath import forget_grants
+
+    forget_grants(capability.principal_id)  # this process at once; others within the TTL
     return capability
 
 

@@ -56,3 +56,14 @@ def test_a_freeze_in_this_process_is_seen_at_once(agent, operator, cache_on):
     assert agent.submit(TICKET, "t2").status_code == 403
     operator.client.post("/api/v1/principals/refund-bot/unfreeze")
     assert agent.submit(TICKET, "t3").status_code == 201
+
+
+def test_a_grant_revoked_in_this_process_is_seen_at_once(agent, operator, cache_on):
+    from gateway.models import Capability
+
+    assert agent.submit(TICKET, "t1").status_code == 201  # the agent's grants are cached
+    grant = Capability.objects.get(principal=agent.principal)
+    url = f"/api/v1/capabilities/{grant.pk}/revoke"
+    revoked = operator.client.post(url, {"reason": "x"}, format="json")
+    assert revoked.status_code == 200, revoked.content
+    assert agent.submit(TICKET, "t2").status_code == 403
