@@ -191,7 +191,7 @@ class Command(BaseCommand):
                     results.setdefault(c, []).append({"floor": floor, "product": product})
                     self._line(c, r, floor, product)
             first = results[levels[0]][0]["product"]["n"]
-            replay = self._replay(tokens[0], f"bench:{run}:{levels[0]}:0", min(25, first))
+            replay = self._replay(tokens, f"bench:{run}:{levels[0]}:0", min(25, first))
             self._summary(results, replay)
         finally:
             self._stop()
@@ -428,14 +428,14 @@ class Command(BaseCommand):
             )
         ]
 
-    def _replay(self, token: str, prefix: str, count: int) -> list[float]:
+    def _replay(self, tokens: list[str], prefix: str, count: int) -> list[float]:
         latencies = []
         with httpx.Client(timeout=30) as client:
             for index in range(count):
                 t0 = time.perf_counter()
                 response = client.post(
                     f"{self.base}/api/v1/commands",
-                    headers=_headers(token, f"{prefix}:{index}"),
+                    headers=_headers(tokens[index % len(tokens)], f"{prefix}:{index}"),
                     json={**BODY, "payload": {"title": f"bench {index}", "priority": "P4"}},
                 )
                 latencies.append(time.perf_counter() - t0)
