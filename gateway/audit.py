@@ -9,7 +9,7 @@ writes the batch and the new head in one transaction. Chain order is therefore t
 which events became visible to the sequencer, not id order (a transaction that commits late
 gets a later position than a higher id that committed first).
 
-What protects an event between its commit and its seal (the sealing lag, ≤ about a second):
+What protects an event between its commit and its seal (the sealing lag, about the interval):
 the database trigger only. It refuses DELETE and any UPDATE except filling the seal of an
 unsealed event once (gateway migration 0008). Once sealed, an event is also covered by
 ``manage.py verify_audit``, which catches what the trigger cannot (a superuser who disabled

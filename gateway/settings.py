@@ -335,7 +335,7 @@ GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 
 # The audit sequencer: how often it seals committed events into the chain, how many per
 # transaction, and into how many tenant shards the work is split (one beat entry each).
-GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 1)
+GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 0.5)
 GATEWAY_AUDIT_SEAL_BATCH = env_int("GATEWAY_AUDIT_SEAL_BATCH", 1000)
 GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
 # A queue of its own for the sequencer (workers must consume it too: -Q celery,audit), so
