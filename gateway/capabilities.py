@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gateway import audit
+from gateway import audit, trust
 from gateway.choices import Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
@@ -185,9 +185,7 @@ def capability_revoke(*, capability: Capability, principal: Principal, reason: s
             reason=reason,
         )
     capability.refresh_from_db()
-    from gateway.fastpath import forget_grants
-
-    forget_grants(capability.principal_id)  # this process at once; others within the TTL
+    trust.forget_principal(capability.principal_id)  # this process now; others within the TTL
     return capability
 
 
@@ -241,7 +239,5 @@ def principal_set_frozen(
                 reason=reason,
             )
     target.frozen = frozen
-    from gateway.api.auth import forget_principal_tokens
-
-    forget_principal_tokens(target.pk)  # this process at once; others within the token TTL
+    trust.forget_principal(target.pk)  # this process at once; others within the TTL
     return target

@@ -22,8 +22,6 @@ are the general path's; this module only folds them into the WHERE clauses. Post
 from __future__ import annotations
 
 import json
-import threading
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +30,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from gateway import trust
 from gateway.choices import ApprovalState, EffectStatus
 from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.webhooks.models import WebhookEndpoint
@@ -66,34 +65,18 @@ def _load(model, fields, values):
 
 # --- the grants an agent submits under: read once per TTL per process ------------------------
 
-_grants: dict[int, tuple[float, list[Capability]]] = {}
-_grants_lock = threading.Lock()
-
 
 def _live_grants(principal: Principal, now) -> list[Capability]:
-    """The principal's live grants, cached for GATEWAY_TOKEN_CACHE_TTL (the same window as
-    the token: a revocation reaches a process within it; dispatch re-checks the grant)."""
-    ttl = settings.GATEWAY_TOKEN_CACHE_TTL
-    cached = _grants.get(principal.pk) if ttl > 0 else None
-    if cached is not None and cached[0] > time.monotonic():
-        return cached[1]
+    """The principal's live grants, from this process's short trust (gateway.trust: the same
+    window as the token; dispatch re-checks the grant) or the database."""
+    grants = trust.grants.get(principal.pk)
+    if grants is not None:
+        return grants
     from gateway.capabilities import _live
 
     grants = list(Capability.objects.filter(_live(now), principal=principal).order_by("created_at"))
-    if ttl > 0:
-        with _grants_lock:
-            if len(_grants) > 10_000:
-                _grants.clear()
-            _grants[principal.pk] = (time.monotonic() + ttl, grants)
+    trust.grants.put(principal.pk, grants)
     return grants
-
-
-def forget_grants(principal_id: int | None = None) -> None:
-    with _grants_lock:
-        if principal_id is None:
-            _grants.clear()
-        else:
-            _grants.pop(principal_id, None)
 
 
 def unlimited_grant(principal: Principal, contract, resource: dict, now) -> Capability | None:

@@ -38,10 +38,10 @@ def _token_cache_off(settings):
     """Tests revoke tokens by writing the table and expect the next request to be refused:
     the per-process token cache (GATEWAY_TOKEN_CACHE_TTL) is off unless a test turns it on
     (tests/gateway/test_token_cache.py)."""
-    from gateway.api import auth
+    from gateway import trust
 
     settings.GATEWAY_TOKEN_CACHE_TTL = 0
-    auth._token_cache.clear()
+    trust.clear()
 
 
 @pytest.fixture(scope="session")

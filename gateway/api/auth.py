@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import threading
-import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, throttling
 
+from gateway import trust
 from gateway.errors import NotPermitted
 from gateway.models import ApiToken, Principal
 
@@ -44,43 +42,25 @@ class PrincipalUser:
         return self.principal.pk
 
 
-# token hash -> (monotonic deadline, token row with its principal and tenant). Per process.
-# A revoked token, or a frozen principal, keeps working in a process for at most the TTL
-# (docs/security.md); within this process, a freeze forgets the principal's entries at once.
-_token_cache: dict[str, tuple[float, ApiToken]] = {}
-_token_cache_lock = threading.Lock()
-_TOKEN_CACHE_MAX = 10_000
-
-
-def forget_principal_tokens(principal_id: int) -> None:
-    with _token_cache_lock:
-        for digest in [d for d, (_, t) in _token_cache.items() if t.principal_id == principal_id]:
-            _token_cache.pop(digest, None)
-
-
 def _token_record(digest: str) -> ApiToken | None:
-    ttl = settings.GATEWAY_TOKEN_CACHE_TTL
-    now = time.monotonic()
-    cached = _token_cache.get(digest) if ttl > 0 else None
-    if cached is not None and cached[0] > now:
-        return cached[1]
+    """The live token with this hash, from this process's short trust (gateway.trust) or
+    the database."""
+    record = trust.tokens.get(digest)
+    if record is not None:
+        return record
     record = (
         ApiToken.objects.select_related("principal__tenant")
         .filter(token_hash=digest, revoked_at__isnull=True)
         .first()
     )
     if record is None:
-        _token_cache.pop(digest, None)
+        trust.tokens.forget(digest)
         return None
     seen = timezone.now()
     if record.last_used_at is None or (seen - record.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=record.pk).update(last_used_at=seen)
         record.last_used_at = seen
-    if ttl > 0:
-        with _token_cache_lock:
-            if len(_token_cache) >= _TOKEN_CACHE_MAX:
-                _token_cache.clear()
-            _token_cache[digest] = (now + ttl, record)
+    trust.tokens.put(digest, record)
     return record
 
 

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from gateway.api import auth
+from gateway import trust
 from gateway.models import ApiToken
 from tests.conftest import TICKET
 
@@ -16,9 +16,9 @@ from tests.conftest import TICKET
 @pytest.fixture
 def cache_on(settings):
     settings.GATEWAY_TOKEN_CACHE_TTL = 5
-    auth._token_cache.clear()
+    trust.clear()
     yield
-    auth._token_cache.clear()
+    trust.clear()
 
 
 def token_queries(captured) -> int:
@@ -44,8 +44,8 @@ def test_a_revoked_token_is_refused_once_the_ttl_has_passed(agent, cache_on, mon
     ApiToken.objects.filter(principal=agent.principal).update(revoked_at=timezone.now())
     # Within the TTL this process still trusts what it read (the documented window).
     assert agent.client.get("/api/v1/effects").status_code == 200
-    later = auth.time.monotonic() + 6
-    monkeypatch.setattr(auth.time, "monotonic", lambda: later)
+    later = trust.time.monotonic() + 6
+    monkeypatch.setattr(trust.time, "monotonic", lambda: later)
     refused = agent.client.get("/api/v1/effects")
     assert refused.status_code == 401
 
