@@ -17,14 +17,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from gateway import audit, trust
-from gateway.choices import Role
+from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
 from gateway.lib.ids import new_id
-from gateway.models import Capability, Command, EffectTypeFreeze, Principal
-
-GRANTOR_ROLES = frozenset({Role.ADMIN})
-FREEZER_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+from gateway.models import Capability, Command, Effect, EffectTypeFreeze, Principal
 
 
 def _matches(capability: Capability, effect_type: str, resource: dict[str, Any]) -> bool:
@@ -50,7 +47,8 @@ def capability_reserve(
     if principal.role != Role.AGENT:
         return None, 0
     now = timezone.now()
-    amount = payload.get("amount") if isinstance(payload.get("amount"), int) else 0
+    given = payload.get("amount")
+    amount: int = given if isinstance(given, int) else 0
     currency = payload.get("currency", "")
     candidates = [
         cap
@@ -95,6 +93,16 @@ def capability_release(command: Command) -> None:
     Capability.objects.filter(budgeted, pk=command.capability_id).update(
         spent_count=F("spent_count") - 1, spent_amount=F("spent_amount") - command.budget_amount
     )
+
+
+def capability_release_unsent(effect: Effect, *, from_status: str, to: str) -> None:
+    """``hooks.after_transition`` listener: a command that ends without ever being sent
+    (cancelled, expired, rejected before dispatch) gives its share of the grant's budget back,
+    in the transaction of that transition."""
+    if to in (EffectStatus.CANCELLED, EffectStatus.EXPIRED) or (
+        to == EffectStatus.REJECTED and from_status in BEFORE_DISPATCH
+    ):
+        capability_release(effect.command)
 
 
 def dispatch_blocker(command: Command, *, now) -> tuple[str, bool] | None:
@@ -168,7 +176,7 @@ def capability_grant(
 
 
 def capability_revoke(*, capability: Capability, principal: Principal, reason: str) -> Capability:
-    if principal.role not in FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot revoke grants.")
     with transaction.atomic():
         changed = Capability.objects.filter(pk=capability.pk, revoked_at__isnull=True).update(
@@ -193,7 +201,7 @@ def effect_type_set_frozen(
     *, tenant_id: int, effect_type: str, principal: Principal, frozen: bool, reason: str = ""
 ) -> bool:
     """Freeze or unfreeze a whole effect type for a tenant; True when something changed."""
-    if principal.role not in FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot freeze effect types.")
     with transaction.atomic():
         if frozen:
@@ -224,7 +232,7 @@ def effect_type_set_frozen(
 def principal_set_frozen(
     *, target: Principal, principal: Principal, frozen: bool, reason: str = ""
 ) -> Principal:
-    if principal.role not in FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot freeze principals.")
     if target.tenant_id != principal.tenant_id:
         raise NotFound(f"No principal {target.name}.")

@@ -378,8 +378,12 @@ class Command(BaseCommand):
         rows = list(
             Effect.objects.filter(pk__in=ids).values_list("status", "created_at", "confirmed_at")
         )
-        confirmed = [row for row in rows if row[0] == EffectStatus.CONFIRMED and row[2]]
-        last = max((row[2] for row in confirmed), default=timezone.now())
+        confirmed = [
+            (created, done)
+            for status, created, done in rows
+            if status == EffectStatus.CONFIRMED and done is not None
+        ]
+        last = max((done for _, done in confirmed), default=timezone.now())
         elapsed = max((last - started_at).total_seconds(), 1e-6)
         return {
             "n": n,
@@ -387,7 +391,7 @@ class Command(BaseCommand):
             "wrong": wrong,
             "rate": len(confirmed) / elapsed,
             "submit": submit,
-            "e2e": [(row[2] - row[1]).total_seconds() for row in confirmed],
+            "e2e": [(done - created).total_seconds() for created, done in confirmed],
             "cpu": {name: seconds * 1000 / n for name, seconds in cpu.items()},
             "commits": commits / n,
             "load": max(load, os.getloadavg()[0]),
@@ -426,6 +430,7 @@ class Command(BaseCommand):
             for created, sealed in events.filter(sealed_at__isnull=False).values_list(
                 "created_at", "sealed_at"
             )
+            if sealed is not None
         ]
 
     def _replay(self, tokens: list[str], prefix: str, count: int) -> list[float]:
@@ -466,7 +471,7 @@ class Command(BaseCommand):
         from gateway.celery import app
 
         with app.connection_for_write() as conn:  # the message nobody consumes any more
-            conn.default_channel.queue_purge(f"bench-{run}")
+            conn.default_channel.queue_purge(f"bench-{run}")  # type: ignore[attr-defined]
         self.stdout.write(
             f"round trips per effect (in process): submission {submitted.summary()}; "
             f"dispatch {dispatched.summary()}; total "
