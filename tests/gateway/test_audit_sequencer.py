@@ -11,13 +11,13 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from gateway import audit, services
+from gateway import audit, ledger, services
 from gateway.models import AuditChainHead, Effect, EffectEvent
 from tests.conftest import TICKET
 
 
 def note(effect: Effect, reason: str) -> EffectEvent:
-    return services._event(effect, kind="note", actor="test", reason=reason)
+    return ledger.append_event(effect, kind="note", actor="test", reason=reason)
 
 
 def submit(agent, key: str) -> Effect:

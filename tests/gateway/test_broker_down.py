@@ -9,9 +9,8 @@ import pytest
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from gateway import services
+from gateway import hooks, services
 from gateway.models import Effect
-from gateway.tasks import dispatch_effect
 from tests.conftest import TICKET
 
 
@@ -20,7 +19,8 @@ def broker_down(monkeypatch):
     def refuse(*args, **kwargs):
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(dispatch_effect, "delay", refuse)
+    # The ledger hands effects to the broker through this sender (bound to the task at start).
+    monkeypatch.setattr(hooks.dispatch_sender, "send", refuse)
     return monkeypatch
 
 

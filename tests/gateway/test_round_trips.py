@@ -73,3 +73,25 @@ def test_a_replay_is_one_query_and_writes_nothing(warm, sandbox):
     assert body["receipt"]["provider_status"] == "succeeded"  # read in the same statement
     assert len(statements.captured_queries) == 1, statements.captured_queries
     assert row_counts() == before
+
+
+def test_a_listener_the_fast_path_does_not_know_turns_it_off(warm, sandbox):
+    """The claim and the record skip the after_transition listeners they account for; any
+    other listener must be called, so the general path runs."""
+    from gateway import fastpath, hooks
+
+    heard: list[tuple[str, str]] = []
+
+    def audit_listener(effect, *, from_status: str, to: str) -> None:
+        heard.append((from_status, to))
+
+    hooks.after_transition.register(audit_listener)
+    try:
+        assert not fastpath.enabled()
+        effect_id = warm.submit(ticket("heard"), "t4").json()["effect_id"]
+        assert services.effect_dispatch(effect_id=effect_id, worker="test")
+    finally:
+        hooks.after_transition._listeners.remove(audit_listener)
+    assert fastpath.enabled()
+    assert heard == [("PREPARED", "DISPATCHING"), ("DISPATCHING", "CONFIRMED")]
+    assert Effect.objects.get(pk=effect_id).status == "CONFIRMED"
