@@ -188,18 +188,27 @@ class SealState:
 
 
 def seal_state(tenant_id: int) -> SealState:
-    from django.db.models import Count, Min
-
-    head = AuditChainHead.objects.filter(tenant_id=tenant_id).first()
-    pending = EffectEvent.objects.filter(tenant_id=tenant_id, position__isnull=True).aggregate(
-        count=Count("id"), oldest=Min("created_at")
-    )
+    """The sealed head and the unsealed backlog (from the partial index), in one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT head.length, head.last_hash, head.sealed_at,
+                   (SELECT count(*) FROM gateway_effectevent
+                     WHERE tenant_id = %s AND position IS NULL),
+                   (SELECT min(created_at) FROM gateway_effectevent
+                     WHERE tenant_id = %s AND position IS NULL)
+              FROM (SELECT 1) AS one
+              LEFT JOIN gateway_auditchainhead AS head ON head.tenant_id = %s
+            """,
+            [tenant_id, tenant_id, tenant_id],
+        )
+        length, last_hash, sealed_at, unsealed, oldest = cursor.fetchone()
     return SealState(
-        length=head.length if head else 0,
-        last_hash=head.last_hash if head else GENESIS,
-        sealed_at=head.sealed_at if head else None,
-        unsealed=pending["count"],
-        oldest_unsealed_at=pending["oldest"],
+        length=length or 0,
+        last_hash=last_hash or GENESIS,
+        sealed_at=sealed_at,
+        unsealed=unsealed,
+        oldest_unsealed_at=oldest,
     )
 
 
