@@ -829,8 +829,6 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
 def dispatch_sweep(*, limit: int = 500) -> int:
     """Re-enqueue PREPARED/NOT_STARTED effects whose task has gone quiet, and expire the ones
     whose command ran out. The broker can lose a message; the ledger cannot."""
-    from gateway.tasks import dispatch_effect
-
     now = timezone.now()
     expired = 0
     for effect in Effect.objects.select_related("command").filter(
@@ -845,15 +843,18 @@ def dispatch_sweep(*, limit: int = 500) -> int:
     # refuse them every sweep is noise.
     for hold in hooks.dispatch_holds:
         waiting = hold.exclude(waiting)
-    due = list(waiting.order_by("next_dispatch_at").values_list("pk", "next_dispatch_at")[:limit])
-    sent = 0
     later = now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
-    for effect_id, was_due in due:
-        # Compare-and-set on the due time: two beat processes (a misconfiguration) would
-        # otherwise both enqueue; even then the claim lets only one message send.
-        if Effect.objects.filter(pk=effect_id, next_dispatch_at=was_due).update(
-            next_dispatch_at=later
-        ):
-            dispatch_effect.delay(effect_id)
-            sent += 1
-    return sent + expired
+    # One batch: the due rows locked and pushed to ``later`` in two statements, however many.
+    # SKIP LOCKED against a second sweeper (two beats, a misconfiguration) and against a
+    # worker claiming one of them right now; even a double enqueue sends once (the claim).
+    with transaction.atomic():
+        due = list(
+            waiting.order_by("next_dispatch_at")
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("pk", flat=True)[:limit]
+        )
+        if due:
+            Effect.objects.filter(pk__in=due).update(next_dispatch_at=later)
+    for effect_id in due:
+        ledger.publish(hooks.dispatch_sender.send, effect_id)
+    return len(due) + expired

@@ -95,3 +95,29 @@ def test_a_listener_the_fast_path_does_not_know_turns_it_off(warm, sandbox):
     assert fastpath.enabled()
     assert heard == [("PREPARED", "DISPATCHING"), ("DISPATCHING", "CONFIRMED")]
     assert Effect.objects.get(pk=effect_id).status == "CONFIRMED"
+
+
+def test_the_dispatch_sweep_costs_the_same_for_one_due_effect_as_for_twenty(warm, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway import hooks
+
+    sent: list[str] = []
+    monkeypatch.setattr(hooks.dispatch_sender, "send", sent.append)
+
+    def sweep_statements(count: int) -> int:
+        ids = [
+            warm.submit(ticket(f"due {count}-{i}"), f"due:{count}:{i}").json() for i in range(count)
+        ]
+        Effect.objects.filter(pk__in=[i["effect_id"] for i in ids]).update(
+            next_dispatch_at=timezone.now() - timedelta(seconds=1)
+        )
+        sent.clear()
+        with CaptureQueriesContext(connection) as statements:
+            assert services.dispatch_sweep() == count
+        assert len(sent) == count
+        return len(statements.captured_queries)
+
+    assert sweep_statements(1) == sweep_statements(20)
