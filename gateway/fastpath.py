@@ -62,7 +62,7 @@ def _listener_name(listener: Any) -> str:
 
 
 def enabled() -> bool:
-    if connection.vendor != "postgresql" or not getattr(settings, "GATEWAY_FAST_PATH", True):
+    if connection.vendor != "postgresql" or not settings.GATEWAY_FAST_PATH:
         return False
     return all(
         _listener_name(listener) in _ACCOUNTED_LISTENERS for listener in hooks.after_transition

@@ -295,6 +295,9 @@ if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
 ):
     raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
 GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
+# The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the
+# general path for every effect (same rules, more round trips).
+GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
 # Seconds a provider connection is kept alive between calls (0: a new connection per call).
 GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)

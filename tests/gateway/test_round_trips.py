@@ -121,3 +121,14 @@ def test_the_dispatch_sweep_costs_the_same_for_one_due_effect_as_for_twenty(warm
         return len(statements.captured_queries)
 
     assert sweep_statements(1) == sweep_statements(20)
+
+
+def test_with_the_fast_path_off_the_general_path_does_the_same(warm, sandbox, settings):
+    settings.GATEWAY_FAST_PATH = False
+    with count_round_trips() as counted:
+        response = warm.submit(ticket("general"), "t5")
+        effect_id = response.json()["effect_id"]
+        assert services.effect_dispatch(effect_id=effect_id, worker="test")
+    assert response.status_code == 201
+    assert Effect.objects.get(pk=effect_id).status == "CONFIRMED"
+    assert counted.round_trips > 10  # what the fast path saves
