@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gateway import audit
+from gateway import audit, trust
 from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
@@ -211,6 +211,7 @@ def capability_revoke(*, capability: Capability, principal: Principal, reason: s
             reason=reason,
         )
     capability.refresh_from_db()
+    trust.forget_principal(capability.principal_id)  # this process now; others within the TTL
     return capability
 
 
@@ -264,4 +265,5 @@ def principal_set_frozen(
                 reason=reason,
             )
     target.frozen = frozen
+    trust.forget_principal(target.pk)  # this process at once; others within the TTL
     return target

@@ -128,7 +128,7 @@ _EMBEDDED_RUN_DIR = embedded.socket_dir(VAR_DIR)
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", "") or embedded.database_url(_EMBEDDED_RUN_DIR),
-        conn_max_age=60,
+        conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60),
         conn_health_checks=True,
     )
 }
@@ -216,6 +216,9 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"token": env_str("GATEWAY_TOKEN_RATE", "6000/min")},
     "UNAUTHENTICATED_USER": None,
 }
+# Seconds a web process trusts a token (and its principal) it has already looked up; a
+# revocation or a freeze reaches every process within this (docs/security.md). 0: no cache.
+GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
@@ -247,6 +250,11 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
+# Celery's Django fixup closes the database connection around every task unless this is set:
+# a new PostgreSQL backend per task (the largest share of a worker's CPU per effect once the
+# rest was cheap). Reuse it for this many tasks; Django's CONN_MAX_AGE and health checks
+# still retire a connection that is old or broken.
+CELERY_DB_REUSE_MAX = env_int("GATEWAY_CELERY_DB_REUSE_MAX", 1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
@@ -278,6 +286,11 @@ if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
 ):
     raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
 GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
+# The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the
+# general path for every effect (same rules, more round trips).
+GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
+# Seconds a provider connection is kept alive between calls (0: a new connection per call).
+GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
 # A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
 # let recovery declare a call that is still running UNKNOWN and the reconciler race it.
@@ -314,6 +327,15 @@ GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 # How long an active saga may go without news before the sweeper advances it again.
 GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 
+# The audit sequencer: how often it seals committed events into the chain, how many per
+# transaction, and into how many tenant shards the work is split (one beat entry each).
+GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 0.5)
+GATEWAY_AUDIT_SEAL_BATCH = env_int("GATEWAY_AUDIT_SEAL_BATCH", 1000)
+GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
+# A queue of its own for the sequencer (workers must consume it too: -Q celery,audit), so
+# that a seal pass never waits behind a deep dispatch queue; empty: the default queue.
+GATEWAY_AUDIT_QUEUE = env_str("GATEWAY_AUDIT_QUEUE", "")
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
@@ -330,6 +352,19 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-webhooks": {
         "task": "gateway.webhooks.tasks.sweep_webhooks",
         "schedule": timedelta(seconds=GATEWAY_WEBHOOK_SWEEP_INTERVAL),
+    },
+    **{
+        f"seal-audit-{shard}": {
+            "task": "gateway.tasks.seal_audit",
+            "schedule": timedelta(seconds=GATEWAY_AUDIT_SEAL_INTERVAL),
+            "args": (shard, GATEWAY_AUDIT_SHARDS),
+            # A pass that waited longer than two intervals is superseded by the next one.
+            "options": {
+                "expires": 2 * GATEWAY_AUDIT_SEAL_INTERVAL,
+                **({"queue": GATEWAY_AUDIT_QUEUE} if GATEWAY_AUDIT_QUEUE else {}),
+            },
+        }
+        for shard in range(GATEWAY_AUDIT_SHARDS)
     },
 }
 

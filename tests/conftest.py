@@ -39,6 +39,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(group)
 
 
+@pytest.fixture(autouse=True)
+def _token_cache_off(settings):
+    """Tests revoke tokens by writing the table and expect the next request to be refused:
+    the per-process token cache (GATEWAY_TOKEN_CACHE_TTL) is off unless a test turns it on
+    (tests/gateway/test_token_cache.py)."""
+    from gateway import trust
+
+    settings.GATEWAY_TOKEN_CACHE_TTL = 0
+    trust.clear()
+
+
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[SandboxServer]:
     server = SandboxServer(SandboxProvider(), port=0).start()

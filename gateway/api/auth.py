@@ -10,6 +10,7 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, throttling
 
+from gateway import trust
 from gateway.errors import NotPermitted
 from gateway.models import ApiToken, Principal
 
@@ -41,6 +42,28 @@ class PrincipalUser:
         return self.principal.pk
 
 
+def _token_record(digest: str) -> ApiToken | None:
+    """The live token with this hash, from this process's short trust (gateway.trust) or
+    the database."""
+    record = trust.tokens.get(digest)
+    if record is not None:
+        return record
+    record = (
+        ApiToken.objects.select_related("principal__tenant")
+        .filter(token_hash=digest, revoked_at__isnull=True)
+        .first()
+    )
+    if record is None:
+        trust.tokens.forget(digest)
+        return None
+    seen = timezone.now()
+    if record.last_used_at is None or (seen - record.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=record.pk).update(last_used_at=seen)
+        record.last_used_at = seen
+    trust.tokens.put(digest, record)
+    return record
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -54,16 +77,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             token = header[1].decode()
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("The token is not valid.") from None
-        record = (
-            ApiToken.objects.select_related("principal__tenant")
-            .filter(token_hash=hash_token(token), revoked_at__isnull=True)
-            .first()
-        )
+        record = _token_record(hash_token(token))
         if record is None:
             raise exceptions.AuthenticationFailed("The token is not valid or was revoked.")
-        now = timezone.now()
-        if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
-            ApiToken.objects.filter(pk=record.pk).update(last_used_at=now)
         return PrincipalUser(record.principal), record
 
     def authenticate_header(self, request) -> str:

@@ -49,6 +49,11 @@ class NewestFirstCapability(CursorPagination):
 
 
 def _effect_response(request: Request, effect: Effect, code: int = 200, **headers) -> Response:
+    if hasattr(effect, "_latest_receipt"):
+        # Built from what the submission statement wrote or found (gateway.fastpath): the
+        # row as committed, with its receipt; reading it again would only cost a round trip.
+        body = EffectSerializer(effect, context={"principal": principal_of(request)}).data
+        return Response(body, status=code, headers=headers or None)
     fresh = selectors.effect_get(principal=principal_of(request), effect_id=effect.pk)
     body = EffectSerializer(fresh, context={"principal": principal_of(request)}).data
     return Response(body, status=code, headers=headers or None)
