@@ -417,13 +417,70 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
 # --- what reconciliation adds to the effect page (registered in ReconciliationConfig.ready) ---
 
 
+@dataclass(frozen=True)
+class RecordRun:
+    """Consecutive records that say the same thing (eight identical failed lookups), shown as
+    one row with a count: ``record`` is the latest of them."""
+
+    record: Any
+    count: int
+    first_at: datetime
+
+
+def record_runs(records: list[Any]) -> list[RecordRun]:
+    runs: list[RecordRun] = []
+    for record in records:
+        same = (
+            record.kind,
+            record.lookup_by,
+            record.lookup_status,
+            record.provider_status,
+            record.http_status,
+            record.outcome,
+            record.actor,
+        )
+        if runs and record.kind == choices.RecordKind.LOOKUP:
+            last = runs[-1].record
+            if same == (
+                last.kind,
+                last.lookup_by,
+                last.lookup_status,
+                last.provider_status,
+                last.http_status,
+                last.outcome,
+                last.actor,
+            ):
+                runs[-1] = RecordRun(record, runs[-1].count + 1, runs[-1].first_at)
+                continue
+        runs.append(RecordRun(record, 1, record.created_at))
+    return runs
+
+
+def failing_since(records: list[Any]) -> datetime | None:
+    """When the lookups that are failing now started failing (the provider did not answer),
+    or None when the latest lookup got an answer."""
+    since = None
+    for record in reversed(records):
+        if record.kind != choices.RecordKind.LOOKUP:
+            break
+        if record.lookup_status != choices.LookupStatus.UNREACHABLE:
+            break
+        since = record.created_at
+    return since
+
+
 def effect_panel(principal: Principal, effect: Effect) -> Panel:
     """The effect's unresolved human-queue case and its reconciliation records (lookups and
-    manual resolutions)."""
+    manual resolutions), repeated lookups collapsed into one row with a count."""
     open_case = selectors.effect_open_case(effect)
     records = list(selectors.effect_records(effect))
     return Panel(
-        {"open_case": open_case, "records": records},
+        {
+            "open_case": open_case,
+            "records": records,
+            "record_runs": record_runs(records),
+            "failing_since": failing_since(records),
+        },
         token=(
             (open_case.pk, open_case.state) if open_case is not None else None,
             records[-1].pk if records else None,

@@ -40,7 +40,29 @@
   document.addEventListener("click", function (event) {
     var button = event.target.closest(".flash-close");
     if (button) button.closest(".flash").remove();
+    // Copy buttons name the element whose text they copy (data-copy="<id>"); without a
+    // clipboard (plain http) the text is selected instead, for Ctrl+C.
+    var copy = event.target.closest("button[data-copy]");
+    if (copy) {
+      var source = document.getElementById(copy.getAttribute("data-copy"));
+      if (!source) return;
+      var text = source.textContent.trim();
+      var done = function () { copy.textContent = "Copied"; };
+      if (navigator.clipboard && window.isSecureContext) {
+        navigator.clipboard.writeText(text).then(done, function () { selectText(source); });
+      } else {
+        selectText(source);
+      }
+    }
   });
+
+  function selectText(element) {
+    var range = document.createRange();
+    range.selectNodeContents(element);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+  }
 
   function say(text) {
     var region = document.getElementById("flash");

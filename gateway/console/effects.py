@@ -19,10 +19,11 @@ from django.views.decorators.http import require_GET, require_POST
 from gateway import selectors, services
 from gateway.choices import (
     BEFORE_DISPATCH,
+    SETTLED,
     TERMINAL,
     EffectStatus,
 )
-from gateway.console import extensions
+from gateway.console import extensions, verdict
 from gateway.console.approvals import approval_card
 from gateway.console.base import (
     Action,
@@ -58,6 +59,8 @@ class FieldRow:
     command: Any = MISSING
     receipt: Any = MISSING
     differs: bool = False
+    # The currency amounts of this row are in (shown in major units), "" for other fields.
+    currency: str = ""
 
     @property
     def command_missing(self) -> bool:
@@ -83,6 +86,7 @@ def comparison(
     """
     hidden = set(hidden)
     result = receipt.result if receipt is not None and isinstance(receipt.result, dict) else {}
+    currency = clear_payload.get("currency") or result.get("currency") or ""
     rows = [
         FieldRow(
             "payload_digest",
@@ -96,10 +100,12 @@ def comparison(
         differs = answered is not MISSING and answered is not None and answered != clear
         if answered is not MISSING and name in hidden:
             answered = services.REDACTED
-        rows.append(FieldRow(f"payload.{name}", shown_payload.get(name), answered, differs))
+        rows.append(
+            FieldRow(f"payload.{name}", shown_payload.get(name), answered, differs, currency)
+        )
     for name, value in result.items():
         if name not in clear_payload:
-            rows.append(FieldRow(f"result.{name}", MISSING, value))
+            rows.append(FieldRow(f"result.{name}", MISSING, value, currency=currency))
     return rows
 
 
@@ -232,7 +238,19 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         duration_label(abs(command.expires_at - now)),
         [panel.token for panel in panels],
     )
+    proof = verdict.evidence(effect, contract, receipt)
+    compensation = _compensation(effect, contract, receipt, now)
     return page | {
+        "verdict": verdict.verdict(
+            effect, contract=contract, receipt=receipt, proof=proof, page=page
+        ),
+        "proof": proof,
+        # The resolve form starts with what the provider knows the effect by: the engineer
+        # adds what they saw there, not ids copied by hand.
+        "resolve_evidence": resolve_evidence(proof),
+        "settled": effect.status in SETTLED,
+        # Said next to the buttons, not only in the Compensation panel further down.
+        "irreversible_warning": irreversible_warning(contract, compensation),
         "effect": effect,
         "command": command,
         "contract": contract,
@@ -251,7 +269,7 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         ),
         "attempts": attempts,
         "events": events,
-        "compensation": _compensation(effect, contract, receipt, now),
+        "compensation": compensation,
         "compensations": compensations,
         "correlation": correlation(command.context),
         "other_context": {
@@ -265,6 +283,26 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         "now": now,
         "view_name": "effect",
     }
+
+
+def resolve_evidence(proof: verdict.Evidence) -> str:
+    parts = [f"{proof.provider} key {proof.provider_key}"]
+    if proof.operation_id:
+        parts.append(f"operation {proof.operation_id}")
+    return ", ".join(parts) + ": "
+
+
+def irreversible_warning(contract: EffectContract | None, compensation: Compensation | None) -> str:
+    if contract is None or compensation is None:
+        return ""
+    if compensation.past_boundary:
+        return (
+            f"The provider reports {compensation.boundary}: past the irreversible boundary, "
+            "it can only be undone by hand."
+        )
+    if contract.irreversible:
+        return "Irreversible: once done, this cannot be undone, only followed by a correction."
+    return ""
 
 
 @dataclass(frozen=True)

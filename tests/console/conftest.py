@@ -250,3 +250,27 @@ def add_orphan(tenant: Tenant | None, operation: str, **fields: Any):
         **fields,
     }
     return OrphanReceipt.objects.create(delivery=delivery, tenant=tenant, **values)
+
+
+def add_failed_lookups(effect: Effect, count: int = 8, *, first_minutes_ago: int = 30):
+    """``count`` lookups that got no answer from the provider, a minute apart, the way the
+    reconciler records them (reconciliation.services._apply)."""
+    from reconciliation.models import ReconciliationRecord
+
+    start = timezone.now() - timedelta(minutes=first_minutes_ago)
+    return [
+        ReconciliationRecord.objects.create(
+            tenant_id=effect.tenant_id,
+            effect=effect,
+            kind="lookup",
+            lookup_by="idempotency_key",
+            lookup_status="unreachable",
+            effect_status=effect.status,
+            outcome="inconclusive" if number < count else "escalated",
+            check_number=number,
+            actor="reconciler",
+            evidence=f"lookup by idempotency_key failed (connection refused); check {number}",
+            created_at=start + timedelta(minutes=number),
+        )
+        for number in range(1, count + 1)
+    ]
