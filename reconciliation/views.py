@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -44,8 +44,8 @@ from gateway.console.base import (
     role_may,
 )
 from gateway.console.effects import load_effect
-from gateway.console.extensions import EffectAction, Panel
-from gateway.console.forms import NoteForm, ReasonForm
+from gateway.console.extensions import BulkAction, EffectAction, Panel
+from gateway.console.forms import NoteForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import owners
 from gateway.errors import NotFound, NotPermitted
 from gateway.models import Effect, Principal
@@ -53,9 +53,10 @@ from gateway.providers.base import ProviderOperation
 from gateway.selectors import PAYLOAD_ROLES
 from gateway.services import OPERATOR_ROLES
 from gateway.templatetags.console import duration_label, money
-from reconciliation import choices, selectors, services
+from reconciliation import bulk, choices, claims, presence, selectors, services
+from reconciliation import cases as case_services
 from reconciliation.metrics import WEBHOOKS_REFUSED
-from reconciliation.models import OrphanReceipt
+from reconciliation.models import Case, OrphanReceipt
 from reconciliation.webhooks import BadSignature, verify
 
 S = EffectStatus
@@ -545,3 +546,152 @@ EFFECT_ACTIONS: dict[str, EffectAction] = {
         ),
     ),
 }
+
+
+# --- who is on it, closing cases, failed compensations (registered in ReconciliationConfig) ---
+
+
+def _take(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    claims.effect_take(effect=effect, principal=request.principal, note=data.get("reason", ""))
+    return f"You are on {effect.pk}: triage and its page say so."
+
+
+def _release(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    released = claims.effect_release(
+        effect=effect, principal=request.principal, note=data.get("reason", "")
+    )
+    return f"Released {effect.pk}." if released else f"Nobody held {effect.pk}."
+
+
+def _close_case(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    open_case = selectors.effect_open_case(effect)
+    if open_case is None:
+        raise NotFound(f"{effect.pk} has no open case to close.")
+    case_services.case_close(case=open_case, principal=request.principal, note=data["reason"])
+    return f"Closed case {open_case.pk} of {effect.pk}, with your note on record."
+
+
+def _record_fix(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    case = case_services.effect_record_fix(
+        effect=effect, principal=request.principal, note=data["reason"]
+    )
+    return f"Recorded the fix of {effect.pk} (case {case.pk}); it leaves the triage queue."
+
+
+def needs_human(effect: Effect, page: dict[str, Any]) -> bool:
+    """What the triage queue lists (an effect someone may want to say they are on)."""
+    return (
+        effect.status in TO_RECONCILE
+        or effect.status == S.COMPENSATION_FAILED
+        or effect.escalated
+        or effect.mismatch
+        or page.get("open_case") is not None
+    )
+
+
+def effect_holder_panel(principal: Principal, effect: Effect) -> Panel:
+    """Who holds the effect, and who else has it open now."""
+    holder = claims.effect_holder(effect)
+    viewers = presence.effect_viewers(effect_id=effect.pk, principal=principal)
+    return Panel(
+        {"holder": holder, "viewers": viewers},
+        token=(holder.principal_id if holder else None, viewers),
+    )
+
+
+CLAIM_ACTIONS: dict[str, EffectAction] = {
+    "take": EffectAction(
+        ReasonForm,
+        _take,
+        shown=lambda principal, effect, page: (
+            _operator(principal) and page.get("holder") is None and needs_human(effect, page)
+        ),
+    ),
+    "release": EffectAction(
+        ReasonForm,
+        _release,
+        shown=lambda principal, effect, page: (
+            _operator(principal) and page.get("holder") is not None
+        ),
+    ),
+    "close-case": EffectAction(
+        RequiredReasonForm,
+        _close_case,
+        shown=lambda principal, effect, page: (
+            _operator(principal)
+            and page.get("open_case") is not None
+            and effect.status not in TO_RECONCILE
+        ),
+    ),
+    "record-fix": EffectAction(
+        RequiredReasonForm,
+        _record_fix,
+        shown=lambda principal, effect, page: (
+            _operator(principal) and effect.status == S.COMPENSATION_FAILED
+        ),
+    ),
+}
+
+
+def _bulk_reconcile(request: ConsoleRequest, ids: list[str], group: Any) -> str:
+    result = bulk.effects_reconcile_now(effect_ids=ids, principal=request.principal)
+    said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(result.outcomes.items()))
+    refused = f"; {len(result.refused)} refused (settled meanwhile)" if result.refused else ""
+    return (
+        f"Looked up {result.changed} of {result.asked} effects at {group.provider}: "
+        f"{said or 'nothing'}{refused}."
+    )
+
+
+def _bulk_rearm(request: ConsoleRequest, ids: list[str], group: Any) -> str:
+    done = bulk.effects_rearm(
+        effect_ids=ids,
+        actor=request.principal.label,
+        principal=request.principal,
+        reason=f"re-armed by hand with {len(ids)} effects escalated at {group.provider}",
+    )
+    return (
+        f"Re-armed the lookups of {len(done)} of {len(ids)} effects: the reconciler asks "
+        f"{group.provider} about them again on its next sweep."
+    )
+
+
+def _bulk_take(request: ConsoleRequest, ids: list[str], group: Any) -> str:
+    result = bulk.effects_take(effect_ids=ids, principal=request.principal)
+    refused = f"; {len(result.refused)} held by someone else" if result.refused else ""
+    return f"You are on {result.changed} of {result.asked} effects{refused}."
+
+
+BULK_ACTIONS: dict[str, BulkAction] = {
+    "reconcile": BulkAction(
+        "Look up all {count} now",
+        frozenset({"escalated", "unknown", "overdue"}),
+        _bulk_reconcile,
+        tone="primary",
+    ),
+    "rearm": BulkAction("Re-arm lookups of {count}", frozenset({"escalated"}), _bulk_rearm),
+    "take": BulkAction("Take all {count}", frozenset(), _bulk_take),
+}
+
+
+def _has_open_case() -> Q:
+    return Q(
+        Exists(Case.objects.filter(effect=OuterRef("pk"), state__in=sorted(choices.UNRESOLVED)))
+    )
+
+
+def _failure_fixed() -> Q:
+    """A failed compensation someone fixed by hand (a case closed since it failed)."""
+    return (
+        Q(status=S.COMPENSATION_FAILED)
+        & Q(
+            Exists(
+                Case.objects.filter(
+                    effect=OuterRef("pk"),
+                    state=choices.CaseState.RESOLVED,
+                    resolved_at__gte=OuterRef("status_changed_at"),
+                )
+            )
+        )
+        & ~_has_open_case()
+    )

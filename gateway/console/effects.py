@@ -30,6 +30,7 @@ from gateway.console.base import (
     ConsoleRequest,
     badges_oob,
     console_view,
+    is_partial,
     perform,
     poll_token,
     render_polled,
@@ -433,7 +434,7 @@ def effect_action(request: ConsoleRequest, effect_id: str, action: str) -> HttpR
         return html + badges_oob(request)
 
     run = spec.run
-    return perform(
+    response = perform(
         request,
         form=spec.form(request.POST),
         run=lambda data: run(request, effect, data),
@@ -441,3 +442,27 @@ def effect_action(request: ConsoleRequest, effect_id: str, action: str) -> HttpR
         target=target,
         answer=answer,
     )
+    if response.status_code == 409 and is_partial(request) and not from_inbox:
+        # Someone else changed the effect first: redraw it (out of band) with who did what,
+        # so that the engineer decides again on what is there now.
+        fresh = load_effect(request, effect_id)
+        context = _effect_context(request, fresh)
+        context.update(oob=True, changed_by=changed_by(context["events"]))
+        html = render_to_string("gateway/effect_detail.html#effect", context, request=request)
+        response.content = response.content + html.encode()
+    return response
+
+
+def changed_by(events: list[Any]) -> str:
+    """What the latest event of the effect says, as a sentence: who changed what, when."""
+    if not events:
+        return ""
+    last = events[-1]
+    change = (
+        f"{last.from_status} → {last.to_status}"
+        if last.from_status != last.to_status
+        else last.kind.replace("_", " ")
+    )
+    reason = f" ({last.reason})" if last.reason else ""
+    when = timezone.localtime(last.created_at).strftime("%H:%M:%S")
+    return f"Meanwhile {last.actor} changed it at {when}: {change}{reason}."

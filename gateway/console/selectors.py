@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, CharField, Count, F, IntegerField, Min, Q, QuerySet, Value, When
 
 from gateway.choices import (
     EffectClass,
     EffectStatus,
 )
+from gateway.console import extensions
 from gateway.contracts import CONTRACTS
 from gateway.models import Capability, Effect, EffectTypeFreeze, Principal
 
@@ -29,6 +30,34 @@ AGE_FILTERS = {"10m": timedelta(minutes=10), "1h": timedelta(hours=1), "24h": ti
 
 
 SORTS = {"oldest": "oldest first", "newest": "newest first", "risk": "risk, then oldest"}
+
+
+# Why an effect is in the triage queue, most urgent first (the first that applies): the
+# groups of the queue are (provider, type, cause).
+CAUSES = {
+    "mismatch": "receipt disagrees with the command",
+    "compensation_failed": "compensation failed",
+    "escalated": "escalated to a human",
+    "unknown": "outcome unknown",
+    "overdue": "in progress, overdue",
+    "case": "open case on a settled effect",
+}
+
+
+# Approvals waiting longer than this are listed in the triage queue too.
+APPROVAL_WAIT = timedelta(minutes=15)
+
+
+def _cause() -> Case:
+    return Case(
+        When(mismatch=True, then=Value("mismatch")),
+        When(status=S.COMPENSATION_FAILED, then=Value("compensation_failed")),
+        When(escalated=True, then=Value("escalated")),
+        When(status=S.UNKNOWN, then=Value("unknown")),
+        When(status=S.IN_PROGRESS, then=Value("overdue")),
+        default=Value("case"),
+        output_field=CharField(),
+    )
 
 
 # Lower is riskier: money first, then writes outside our walls, then harmless repeats.
@@ -53,6 +82,8 @@ class TriageFilters:
     owner: str = ""
     age: str = ""
     sort: str = "oldest"
+    provider: str = ""
+    cause: str = ""
     after: str = ""
     # ((key, value), …): ``context.<key>=<value>`` for the keys of CONTEXT_FILTERS.
     context: tuple[tuple[str, str], ...] = ()
@@ -64,12 +95,16 @@ class TriageFilters:
         owner = params.get("owner", "")
         age = params.get("age", "")
         sort = params.get("sort", "oldest")
+        provider = params.get("provider", "")
+        cause = params.get("cause", "")
         return cls(
             status=status if status in S.values else "",
             type=type_ if type_ in CONTRACTS else "",
             owner=owner if owner in owners() else "",
             age=age if age in AGE_FILTERS else "",
             sort=sort if sort in SORTS else "oldest",
+            provider=provider if provider in providers() else "",
+            cause=cause if cause in CAUSES else "",
             after=params.get("after", "")[:80],
             context=tuple(
                 (key, params[f"context.{key}"][:200])
@@ -94,11 +129,23 @@ class TriageFilters:
 
     @property
     def active(self) -> bool:
-        return bool(self.status or self.type or self.owner or self.age or self.context)
+        return bool(
+            self.status
+            or self.type
+            or self.owner
+            or self.age
+            or self.context
+            or self.provider
+            or self.cause
+        )
 
 
 def owners() -> list[str]:
     return sorted({contract.owner for contract in CONTRACTS.values()})
+
+
+def providers() -> list[str]:
+    return sorted({contract.provider for contract in CONTRACTS.values()})
 
 
 def _risk_rank() -> Case:
@@ -121,7 +168,52 @@ def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effec
         | Q(mismatch=True)
         | Q(escalated=True)
     )
-    return Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
+    # What the other apps add (an open case on a confirmed effect) and take away (a failed
+    # compensation someone fixed by hand).
+    for include in extensions.triage_includes:
+        needs_human |= include()
+    query = Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
+    for exclude in extensions.triage_excludes:
+        query = query.exclude(exclude())
+    return query.annotate(cause=_cause(), provider=F("command__provider"))
+
+
+@dataclass(frozen=True)
+class TriageGroup:
+    """Effects of the queue with the same provider, type and cause, and how many."""
+
+    provider: str
+    type: str
+    cause: str
+    count: int
+    oldest: datetime
+
+    @property
+    def cause_label(self) -> str:
+        return CAUSES.get(self.cause, self.cause)
+
+    def querystring(self) -> str:
+        return urlencode({"provider": self.provider, "type": self.type, "cause": self.cause})
+
+
+def triage_groups(query: QuerySet[Effect]) -> list[TriageGroup]:
+    """The queue grouped by (provider, type, cause), biggest group first: one query."""
+    rows = (
+        query.order_by()
+        .values("provider", "type", "cause")
+        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .order_by("-count", "oldest")
+    )
+    return [TriageGroup(**row) for row in rows]
+
+
+def approvals_waiting(*, principal: Principal, now: datetime) -> int:
+    """Commands of the tenant waiting for an approver for longer than APPROVAL_WAIT."""
+    return Effect.objects.filter(
+        tenant_id=principal.tenant_id,
+        status=S.AWAITING_APPROVAL,
+        created_at__lt=now - APPROVAL_WAIT,
+    ).count()
 
 
 def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: datetime):
@@ -134,6 +226,10 @@ def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: d
     if filters.age:
         query = query.filter(created_at__lte=now - AGE_FILTERS[filters.age])
     # The filter of gateway.selectors.effects_filtered(context=…), which the API's list uses.
+    if filters.provider:
+        query = query.filter(provider=filters.provider)
+    if filters.cause:
+        query = query.filter(cause=filters.cause)
     for key, value in filters.context:
         query = query.filter(**{f"command__context__{key}": value})
     return query
