@@ -43,6 +43,7 @@ from gateway.services import OPERATOR_ROLES
 from gateway.templatetags.console import duration_label, since
 from sagas import choices, definitions, selectors, services
 from sagas.api.serializers import receipt_summary
+from sagas.models import SagaTask
 
 S = EffectStatus
 
@@ -54,11 +55,21 @@ SAGA_ALERTS_SHOWN = 10
 
 
 def saga_alerts(principal: Principal) -> tuple[list[Any], bool]:
-    """For the triage queue: the tenant's frozen runs and runs whose compensation failed
-    (which stay frozen), oldest change first; and whether there are more than shown."""
+    """For the triage queue: the tenant's frozen runs, runs paused on a failure, runs waiting
+    for manual compensations and runs whose compensation failed (which stay frozen), oldest
+    change first; and whether there are more than shown."""
     runs = list(
         selectors.sagas_for_principal(principal)
-        .filter(Q(frozen=True) | Q(state=choices.SagaState.COMPENSATION_FAILED))
+        .filter(
+            Q(frozen=True)
+            | Q(
+                state__in=[
+                    choices.SagaState.COMPENSATION_FAILED,
+                    choices.SagaState.PAUSED_FAILED,
+                    choices.SagaState.MANUAL_COMPENSATION,
+                ]
+            )
+        )
         .order_by("updated_at", "id")[: SAGA_ALERTS_SHOWN + 1]
     )
     return runs[:SAGA_ALERTS_SHOWN], len(runs) > SAGA_ALERTS_SHOWN
@@ -406,10 +417,21 @@ def saga_task_done(request: ConsoleRequest, saga_id: str, task_id: str) -> HttpR
 def triage_panel(principal: Principal) -> Panel:
     """Above the triage queue: the runs stopped for a human."""
     alerts, more_alerts = saga_alerts(principal)
+    # The owners' open tasks (manual compensations, pages), counted per run shown.
+    tasks = dict(
+        SagaTask.objects.filter(
+            tenant_id=principal.tenant_id, state=choices.TaskState.OPEN, run__in=alerts
+        )
+        .values_list("run_id")
+        .annotate(n=Count("pk"))
+    )
+    for run in alerts:
+        run.open_tasks = tasks.get(run.pk, 0)
     return Panel(
         {"saga_alerts": alerts, "more_saga_alerts": more_alerts},
         token=[
-            (run.pk, run.state, run.frozen, run.updated_at, since(run.updated_at)) for run in alerts
+            (run.pk, run.state, run.frozen, run.updated_at, since(run.updated_at), run.open_tasks)
+            for run in alerts
         ],
     )
 

@@ -188,3 +188,22 @@ def test_a_failed_compensation_fixed_by_hand_leaves_triage(oscar, bot):
     assert response.status_code == 200
     assert Effect.objects.get(pk=effect.pk).status == "COMPENSATION_FAILED"
     assert effect.pk not in oscar.client.get("/").content.decode()
+
+
+def test_triage_lists_paused_sagas_and_old_approvals(oscar, bot):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sagas.models import SagaRun
+    from tests.console.conftest import BIG_REFUND, start_saga
+
+    run = start_saga(bot.principal, order_id="ord_5")
+    SagaRun.objects.filter(pk=run.pk).update(state="PAUSED_FAILED")
+    waiting = submit(bot.principal, BIG_REFUND)
+    html = oscar.client.get("/").content.decode()
+    assert f'data-saga="{run.pk}"' in html
+    assert "waiting for an approver for more than" not in html
+    set_state(waiting, created_at=timezone.now() - timedelta(minutes=20))
+    html = oscar.client.get("/").content.decode()
+    assert "<strong>1</strong> command waiting for an approver for more than 15 min" in html
