@@ -447,3 +447,19 @@ def _effect_saga(principal: Principal, command: Command) -> Any:
     if not command.saga_id:
         return None
     return selectors.sagas_for_principal(principal).filter(pk=command.saga_id).first()
+
+
+def search_hits(principal: Principal, q: str) -> list[Any]:
+    """For the console's search box: the saga run with this id."""
+    from gateway.console.search import Hit
+
+    return [
+        Hit(
+            reverse("console:saga", args=[run.pk]),
+            "saga",
+            f"{run.pk} · {run.definition}",
+            "saga id",
+            run.state,
+        )
+        for run in selectors.sagas_for_principal(principal).filter(pk=q)[:1]
+    ]

@@ -71,6 +71,8 @@ triage_includes: list[Callable[[], Q]] = []
 triage_excludes: list[Callable[[], Q]] = []
 triage_holders: list[Callable[[list[str]], dict[str, str]]] = []
 bulk_actions: dict[str, BulkAction] = {}
+# What another app finds for the console's search box: (principal, q) -> hits.
+search_hits: list[Callable[[Principal, str], list[Any]]] = []
 
 
 def add_effect_panel(panel: EffectPanel) -> None:
@@ -103,3 +105,8 @@ def add_triage_holders(holders: Callable[[list[str]], dict[str, str]]) -> None:
 
 def add_bulk_action(name: str, action: BulkAction) -> None:
     bulk_actions[name] = action
+
+
+def add_search(find: Callable[[Principal, str], list[Any]]) -> None:
+    if find not in search_hits:
+        search_hits.append(find)

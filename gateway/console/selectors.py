@@ -106,11 +106,7 @@ class TriageFilters:
             provider=provider if provider in providers() else "",
             cause=cause if cause in CAUSES else "",
             after=params.get("after", "")[:80],
-            context=tuple(
-                (key, params[f"context.{key}"][:200])
-                for key in CORRELATION_KEYS
-                if params.get(f"context.{key}")
-            ),
+            context=_context_filters(params),
         )
 
     def querystring(self, **changes: Any) -> str:
@@ -138,6 +134,20 @@ class TriageFilters:
             or self.provider
             or self.cause
         )
+
+
+def _context_filters(params) -> tuple[tuple[str, str], ...]:
+    """``context.<key>=<value>`` pairs, plus the filter form's own control (``ctx_key`` and
+    ``ctx_value``: a key chosen from a list and a value typed), which becomes one of them."""
+    found = {
+        key: params[f"context.{key}"][:200]
+        for key in CORRELATION_KEYS
+        if params.get(f"context.{key}")
+    }
+    key, value = params.get("ctx_key", ""), (params.get("ctx_value", "") or "").strip()
+    if key in CORRELATION_KEYS and value:
+        found[key] = value[:200]
+    return tuple((key, found[key]) for key in CORRELATION_KEYS if key in found)
 
 
 def owners() -> list[str]:

@@ -24,6 +24,7 @@ from gateway.console.base import (
 from gateway.console.selectors import (
     APPROVAL_WAIT,
     CAUSES,
+    CORRELATION_KEYS,
     OVERDUE_AFTER,
     SORTS,
     TriageFilters,
@@ -169,6 +170,7 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         ],
         "sorts": SORTS,
         "providers": providers(),
+        "correlation_keys": CORRELATION_KEYS,
         "causes": list(CAUSES.items()),
         "sort_label": SORTS[filters.sort],
         "now": now,

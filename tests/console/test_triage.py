@@ -75,7 +75,7 @@ def test_row_shows_status_tone_owner_cost_attempts_and_flags(oscar, queue):
     assert 'class="badge tone-danger" data-status="UNKNOWN"' in row
     assert "billing-oncall" in row
     assert "5.00 EUR" in row
-    assert '<td class="num">1</td>' in row
+    assert '<td class="num" data-label="Attempts">1</td>' in row
     assert "receipt mismatch" not in row and "overdue" not in row
     assert f'href="/effects/{queue["unknown"].pk}"' in row
     overdue = html[html.index(f'data-effect="{queue["overdue"].pk}"') :]
