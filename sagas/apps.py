@@ -17,3 +17,5 @@ class SagasConfig(AppConfig):
         extensions.add_effect_panel(views.effect_panel)
         # The console's search box finds runs by id.
         extensions.add_search(views.search_hits)
+        # The approvals inbox says when approving a step would not dispatch it (frozen run).
+        extensions.add_dispatch_blocker(views.dispatch_blockers)

@@ -463,3 +463,21 @@ def search_hits(principal: Principal, q: str) -> list[Any]:
         )
         for run in selectors.sagas_for_principal(principal).filter(pk=q)[:1]
     ]
+
+
+def dispatch_blockers(principal: Principal, effects: list[Any]) -> dict[str, str]:
+    """For the approvals inbox: effects whose saga run is frozen (approved, they still wait)."""
+    by_saga: dict[str, list[str]] = {}
+    for effect in effects:
+        if effect.command.saga_id:
+            by_saga.setdefault(effect.command.saga_id, []).append(effect.pk)
+    if not by_saga:
+        return {}
+    reasons = {}
+    for run in selectors.sagas_for_principal(principal).filter(pk__in=list(by_saga), frozen=True):
+        why = f"its saga {run.pk} is frozen" + (
+            f" ({run.frozen_reason})" if run.frozen_reason else ""
+        )
+        for effect_id in by_saga[run.pk]:
+            reasons[effect_id] = why
+    return reasons

@@ -24,7 +24,7 @@ from gateway.choices import (
     EffectStatus,
 )
 from gateway.console import extensions, verdict
-from gateway.console.approvals import approval_card
+from gateway.console.approvals import approval_card, blocked_reasons
 from gateway.console.base import (
     Action,
     ConsoleRequest,
@@ -351,6 +351,13 @@ def _approve(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> s
         payload_digest=data["payload_digest"],
         comment=data.get("comment", ""),
     )
+    effect.refresh_from_db()
+    blocked = blocked_reasons(request.principal, [effect]).get(effect.pk)
+    if blocked:
+        return (
+            f"Approved {effect.pk} (digest {data['payload_digest'][:19]}…); it is not "
+            f"dispatched yet: {blocked}, until it is unfrozen."
+        )
     return f"Approved {effect.pk}: digest {data['payload_digest'][:19]}… is queued for dispatch."
 
 

@@ -71,6 +71,9 @@ triage_includes: list[Callable[[], Q]] = []
 triage_excludes: list[Callable[[], Q]] = []
 triage_holders: list[Callable[[list[str]], dict[str, str]]] = []
 bulk_actions: dict[str, BulkAction] = {}
+# Why an approved effect would still not be dispatched (its saga is frozen): (principal,
+# effects) -> {effect id: reason}, one query for all.
+dispatch_blockers: list[Callable[[Principal, list[Any]], dict[str, str]]] = []
 # What another app finds for the console's search box: (principal, q) -> hits.
 search_hits: list[Callable[[Principal, str], list[Any]]] = []
 
@@ -110,3 +113,8 @@ def add_bulk_action(name: str, action: BulkAction) -> None:
 def add_search(find: Callable[[Principal, str], list[Any]]) -> None:
     if find not in search_hits:
         search_hits.append(find)
+
+
+def add_dispatch_blocker(blocker: Callable[[Principal, list[Any]], dict[str, str]]) -> None:
+    if blocker not in dispatch_blockers:
+        dispatch_blockers.append(blocker)
