@@ -188,6 +188,10 @@ def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effec
     return query.annotate(cause=_cause(), provider=F("command__provider"))
 
 
+# A group of the triage queue: annotated by effects_for_triage (provider, cause) and a column.
+GROUP_FIELDS = ("provider", "type", "cause")
+
+
 @dataclass(frozen=True)
 class TriageGroup:
     """Effects of the queue with the same provider, type and cause, and how many."""
@@ -210,7 +214,7 @@ def triage_groups(query: QuerySet[Effect]) -> list[TriageGroup]:
     """The queue grouped by (provider, type, cause), biggest group first: one query."""
     rows = (
         query.order_by()
-        .values("provider", "type", "cause")
+        .values(*GROUP_FIELDS)
         .annotate(count=Count("pk"), oldest=Min("created_at"))
         .order_by("-count", "oldest")
     )
@@ -237,9 +241,10 @@ def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: d
         query = query.filter(created_at__lte=now - AGE_FILTERS[filters.age])
     # The filter of gateway.selectors.effects_filtered(context=…), which the API's list uses.
     if filters.provider:
-        query = query.filter(provider=filters.provider)
+        query = query.filter(command__provider=filters.provider)
     if filters.cause:
-        query = query.filter(cause=filters.cause)
+        # ``cause`` is annotated by effects_for_triage (not a column).
+        query = query.filter(**{"cause": filters.cause})
     for key, value in filters.context:
         query = query.filter(**{f"command__context__{key}": value})
     return query

@@ -45,8 +45,10 @@ class Verdict:
 def provider_console_url(contract: EffectContract | None, *, key: str, operation_id: str) -> str:
     """The contract's ``console_url`` template filled in, or "" when it names none (or names
     the operation and there is none yet)."""
-    template = getattr(contract, "console_url", None) if contract is not None else None
-    if not template or ("{operation_id}" in template and not operation_id):
+    if contract is None or not contract.console_url:
+        return ""
+    template = contract.console_url
+    if "{operation_id}" in template and not operation_id:
         return ""
     base = (getattr(settings, "GATEWAY_PROVIDER_URLS", {}) or {}).get(contract.provider, "")
     return template.format(
