@@ -503,3 +503,40 @@ def test_axe_is_installed_from_the_registry():
         pytest.skip("axe-core is not installed: cd tests/console && npm ci")
     package = json.loads((AXE.parent / "package.json").read_text())
     assert package["name"] == "axe-core"
+
+
+# --- 9: polish ------------------------------------------------------------------------------
+
+
+def test_polls_do_not_dim_buttons_and_lost_contact_clears_itself(
+    browser,  # noqa: F811
+    live_server,
+    oscar,
+    bot,
+):
+    set_state(submit(bot.principal, REFUND), status="UNKNOWN")
+    page = open_page(browser, live_server, "oscar@acme", "desktop")
+    # A poll marks the whole queue as an htmx request: its buttons keep their look.
+    page.evaluate("document.getElementById('queue').classList.add('htmx-request')")
+    button = page.locator("#queue .btn").first
+    assert button.evaluate("b => getComputedStyle(b).opacity") == "1"
+    page.evaluate("document.getElementById('queue').classList.remove('htmx-request')")
+    # The flash region is in the flow: it pushes the page down instead of covering it.
+    assert page.evaluate("getComputedStyle(document.getElementById('flash')).position") == "sticky"
+    # The gateway cannot be reached: the page says so; a poll that gets through clears it.
+    page.route(re.compile(r".*since=.*"), lambda route: route.abort())
+    page.locator("#flash").get_by_text("Lost contact with the gateway").wait_for(timeout=15_000)
+    page.unroute(re.compile(r".*since=.*"))
+    page.locator("#flash [data-lost]").wait_for(state="detached", timeout=15_000)
+    page.context.close()
+
+
+def test_good_news_clears_itself(browser, live_server, oscar, bot):  # noqa: F811
+    effect = set_state(submit(bot.principal, REFUND), status="UNKNOWN")
+    page = open_page(browser, live_server, "oscar@acme", "desktop")
+    page.goto(f"{live_server.url}/effects/{effect.pk}")
+    page.get_by_role("button", name="Take it").click()
+    toast = page.locator("#flash .flash-success")
+    toast.wait_for()
+    toast.wait_for(state="detached", timeout=12_000)
+    page.context.close()
