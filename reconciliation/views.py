@@ -236,6 +236,9 @@ class CaseRow:
     cost: str
     may_acknowledge: bool
     may_resolve: bool
+    # The effect is settled (a confirmed charge whose later receipt disagreed): closed with a
+    # note instead of resolved.
+    may_close: bool = False
 
 
 def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
@@ -247,6 +250,7 @@ def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
         cost=money(case.effect.command.payload_redacted),
         may_acknowledge=operator and case.state == choices.CaseState.OPEN,
         may_resolve=operator and unresolved and resolvable(case.effect),
+        may_close=operator and unresolved and case.effect.status not in TO_RECONCILE,
     )
 
 
@@ -364,9 +368,19 @@ def _case_resolve(request: ConsoleRequest, case: Any, data: dict[str, Any]) -> s
     )
 
 
+def _case_close(request: ConsoleRequest, case: Any, data: dict[str, Any]) -> str:
+    case_services.case_close(case=case, principal=request.principal, note=data["note"])
+    return f"Closed case {case.pk} of {case.effect_id}, with your note on record."
+
+
+class CloseForm(forms.Form):
+    note = forms.CharField(max_length=2000)
+
+
 CASE_ACTIONS: dict[str, Action] = {
     "acknowledge": Action(NoteForm, _case_acknowledge),
     "resolve": Action(ResolveForm, _case_resolve),
+    "close": Action(CloseForm, _case_close),
 }
 
 

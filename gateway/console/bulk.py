@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from gateway.capabilities import FREEZER_ROLES, effect_type_set_frozen
+from gateway.capabilities import FREEZER_ROLES, effect_type_set_frozen, principal_set_frozen
 from gateway.console import extensions
 from gateway.console.base import (
     ConsoleRequest,
@@ -37,7 +37,7 @@ from gateway.console.selectors import (
     effects_for_triage,
 )
 from gateway.errors import InvalidTransition, NotFound, ValidationProblem
-from gateway.models import Principal
+from gateway.models import Effect, Principal
 
 # At most this many effects per click (reconciliation.bulk.BULK_LIMIT is the same bound).
 BULK_LIMIT = 500
@@ -72,9 +72,34 @@ def _freeze_type(request: ConsoleRequest, ids: list[str], group: TriageGroup) ->
     return f"Froze {group.type}: no new effect of this type is dispatched until it is unfrozen."
 
 
+def _freeze_principal(request: ConsoleRequest, ids: list[str], group: TriageGroup) -> str:
+    requesters = list(
+        Principal.objects.filter(
+            tenant_id=request.principal.tenant_id,
+            pk__in=Effect.objects.filter(pk__in=ids).values("command__requested_by"),
+        )
+    )
+    if len(requesters) != 1:
+        raise InvalidTransition(
+            f"The group's effects were asked for by {len(requesters)} principals: freeze them "
+            "one by one on the controls page."
+        )
+    target = requesters[0]
+    principal_set_frozen(
+        target=target,
+        principal=request.principal,
+        frozen=True,
+        reason=f"incident: {len(ids)} effects {group.cause_label} at {group.provider}",
+    )
+    return f"Froze {target.name}: it submits nothing and nothing of it is dispatched."
+
+
 GATEWAY_ACTIONS: dict[str, extensions.BulkAction] = {
     "freeze-type": extensions.BulkAction(
         label="Freeze the type", causes=frozenset(), run=_freeze_type, tone="attention"
+    ),
+    "freeze-principal": extensions.BulkAction(
+        label="Freeze the requester", causes=frozenset(), run=_freeze_principal, tone="attention"
     ),
 }
 
@@ -88,6 +113,8 @@ def available_bulk_actions(principal: Principal, group: TriageGroup) -> list[Men
             if not action.causes or group.cause in action.causes:
                 items.append(MenuItem(name, action.label.format(count=group.count), action.tone))
         items.append(MenuItem("freeze-type", f"Freeze {group.type}", "attention"))
+        if group.requesters == 1 and group.requester != principal.name:
+            items.append(MenuItem("freeze-principal", f"Freeze {group.requester}", "attention"))
     return items
 
 

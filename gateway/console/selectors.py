@@ -201,6 +201,9 @@ class TriageGroup:
     cause: str
     count: int
     oldest: datetime
+    # How many principals asked for the group's effects, and (when one) who.
+    requesters: int = 0
+    requester: str = ""
 
     @property
     def cause_label(self) -> str:
@@ -215,7 +218,12 @@ def triage_groups(query: QuerySet[Effect]) -> list[TriageGroup]:
     rows = (
         query.order_by()
         .values(*GROUP_FIELDS)
-        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .annotate(
+            count=Count("pk"),
+            oldest=Min("created_at"),
+            requesters=Count("command__requested_by", distinct=True),
+            requester=Min("command__requested_by__name"),
+        )
         .order_by("-count", "oldest")
     )
     return [TriageGroup(**row) for row in rows]

@@ -207,3 +207,30 @@ def test_triage_lists_paused_sagas_and_old_approvals(oscar, bot):
     set_state(waiting, created_at=timezone.now() - timedelta(minutes=20))
     html = oscar.client.get("/").content.decode()
     assert "<strong>1</strong> command waiting for an approver for more than 15 min" in html
+
+
+def test_every_case_can_be_closed_from_the_queue(oscar, bot):
+    effect = set_state(submit(bot.principal, REFUND), status="CONFIRMED")
+    case = open_case(effect, reason="contradiction", text="a later receipt says failed")
+    html = oscar.client.get("/cases").content.decode()
+    assert f"/cases/{case.pk}/close" in html
+    response = oscar.htmx("post", f"/cases/{case.pk}/close", {"note": "the receipt was wrong"})
+    assert response.status_code == 200
+    case.refresh_from_db()
+    assert case.state == "resolved" and "the receipt was wrong" in case.resolution
+    # An uncertain effect's case is resolved with evidence, not closed.
+    unknown = escalated_unknown(bot.principal)
+    other = Case.objects.get(effect=unknown)
+    assert f"/cases/{other.pk}/close" not in oscar.client.get("/cases").content.decode()
+    response = oscar.htmx("post", f"/cases/{other.pk}/close", {"note": "x"})
+    assert response.status_code == 409
+
+
+def test_freeze_the_requester_of_a_group(oscar, bot):
+    _outage(bot, 2)
+    html = oscar.client.get("/").content.decode()
+    assert "Freeze refund-bot" in html
+    response = oscar.htmx("post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2})
+    assert "Froze refund-bot" in response.content.decode()
+    bot.principal.refresh_from_db()
+    assert bot.principal.frozen
