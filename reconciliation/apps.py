@@ -25,7 +25,7 @@ class ReconciliationConfig(AppConfig):
             extensions.add_effect_action(name, action)
         # The triage queue: effects with an open case need a human too, a failed compensation
         # fixed by hand no longer does; who holds each row; the group actions.
-        extensions.add_triage_predicates(include=views._has_open_case, exclude=views._failure_fixed)
+        extensions.add_triage_predicates(include=views.has_open_case, exclude=views.failure_fixed)
         extensions.add_triage_holders(claims.holders)
         for name, bulk_action in views.BULK_ACTIONS.items():
             extensions.add_bulk_action(name, bulk_action)

@@ -688,13 +688,23 @@ BULK_ACTIONS: dict[str, BulkAction] = {
 }
 
 
-def _has_open_case() -> Q:
-    return Q(
-        Exists(Case.objects.filter(effect=OuterRef("pk"), state__in=sorted(choices.UNRESOLVED)))
+# More open cases than this in one tenant and the rest show under Cases only.
+OPEN_CASES_IN_TRIAGE = 2000
+
+
+def has_open_case(tenant_id: int) -> Q:
+    """For the triage queue: effects with an unresolved case (a confirmed effect whose later
+    receipt disagrees), as a short list of ids read through the case_queue index — so the
+    queue's own partial index still serves the rest of its query."""
+    ids = list(
+        Case.objects.filter(tenant_id=tenant_id, state__in=sorted(choices.UNRESOLVED))
+        .order_by("opened_at")
+        .values_list("effect_id", flat=True)[:OPEN_CASES_IN_TRIAGE]
     )
+    return Q(pk__in=ids)
 
 
-def _failure_fixed() -> Q:
+def failure_fixed() -> Q:
     """A failed compensation someone fixed by hand (a case closed since it failed)."""
     return (
         Q(status=S.COMPENSATION_FAILED)
@@ -707,5 +717,7 @@ def _failure_fixed() -> Q:
                 )
             )
         )
-        & ~_has_open_case()
+        & ~Q(
+            Exists(Case.objects.filter(effect=OuterRef("pk"), state__in=sorted(choices.UNRESOLVED)))
+        )
     )

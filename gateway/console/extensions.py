@@ -67,7 +67,9 @@ TriagePanel = Callable[["Principal"], Panel]
 effect_panels: list[EffectPanel] = []
 triage_panels: list[TriagePanel] = []
 effect_actions: dict[str, EffectAction] = {}
-triage_includes: list[Callable[[], Q]] = []
+# ``include(tenant_id)``: evaluated when the queue is read, so that it can be a short list of
+# ids (the queue's partial index then still serves the query, OR-ed with the primary key).
+triage_includes: list[Callable[[int], Q]] = []
 triage_excludes: list[Callable[[], Q]] = []
 triage_holders: list[Callable[[list[str]], dict[str, str]]] = []
 bulk_actions: dict[str, BulkAction] = {}
@@ -93,7 +95,7 @@ def add_effect_action(name: str, action: EffectAction) -> None:
 
 
 def add_triage_predicates(
-    *, include: Callable[[], Q] | None = None, exclude: Callable[[], Q] | None = None
+    *, include: Callable[[int], Q] | None = None, exclude: Callable[[], Q] | None = None
 ) -> None:
     if include is not None and include not in triage_includes:
         triage_includes.append(include)

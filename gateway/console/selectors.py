@@ -181,7 +181,7 @@ def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effec
     # What the other apps add (an open case on a confirmed effect) and take away (a failed
     # compensation someone fixed by hand).
     for include in extensions.triage_includes:
-        needs_human |= include()
+        needs_human |= include(principal.tenant_id)
     query = Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
     for exclude in extensions.triage_excludes:
         query = query.exclude(exclude())
