@@ -113,8 +113,9 @@ def available_bulk_actions(principal: Principal, group: TriageGroup) -> list[Men
             if not action.causes or group.cause in action.causes:
                 items.append(MenuItem(name, action.label.format(count=group.count), action.tone))
         items.append(MenuItem("freeze-type", f"Freeze {group.type}", "attention"))
-        if group.requesters == 1 and group.requester != principal.name:
-            items.append(MenuItem("freeze-principal", f"Freeze {group.requester}", "attention"))
+        # Offered on every group (who asked is on the commands, not read for the menu); a
+        # group asked for by several principals is refused with a 409 that says so.
+        items.append(MenuItem("freeze-principal", "Freeze the requester", "attention"))
     return items
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Case, CharField, Count, F, IntegerField, Min, Q, QuerySet, Value, When
+from django.db.models import Case, CharField, Count, IntegerField, Min, Q, QuerySet, Value, When
 
 from gateway.choices import (
     EffectClass,
@@ -185,11 +185,13 @@ def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effec
     query = Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
     for exclude in extensions.triage_excludes:
         query = query.exclude(exclude())
-    return query.annotate(cause=_cause(), provider=F("command__provider"))
+    # No join: the provider of a group is its type's contract's (see triage_groups).
+    return query.annotate(cause=_cause())
 
 
-# A group of the triage queue: annotated by effects_for_triage (provider, cause) and a column.
-GROUP_FIELDS = ("provider", "type", "cause")
+# A group of the triage queue in the database: the type and the cause annotated by
+# effects_for_triage (the provider follows from the type's contract).
+GROUP_FIELDS = ("type", "cause")
 
 
 @dataclass(frozen=True)
@@ -201,9 +203,6 @@ class TriageGroup:
     cause: str
     count: int
     oldest: datetime
-    # How many principals asked for the group's effects, and (when one) who.
-    requesters: int = 0
-    requester: str = ""
 
     @property
     def cause_label(self) -> str:
@@ -218,15 +217,14 @@ def triage_groups(query: QuerySet[Effect]) -> list[TriageGroup]:
     rows = (
         query.order_by()
         .values(*GROUP_FIELDS)
-        .annotate(
-            count=Count("pk"),
-            oldest=Min("created_at"),
-            requesters=Count("command__requested_by", distinct=True),
-            requester=Min("command__requested_by__name"),
-        )
+        .annotate(count=Count("pk"), oldest=Min("created_at"))
         .order_by("-count", "oldest")
     )
-    return [TriageGroup(**row) for row in rows]
+    groups = []
+    for row in rows:
+        contract = CONTRACTS.get(row["type"])
+        groups.append(TriageGroup(provider=contract.provider if contract else "?", **row))
+    return groups
 
 
 def approvals_waiting(*, principal: Principal, now: datetime) -> int:
@@ -249,7 +247,10 @@ def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: d
         query = query.filter(created_at__lte=now - AGE_FILTERS[filters.age])
     # The filter of gateway.selectors.effects_filtered(context=…), which the API's list uses.
     if filters.provider:
-        query = query.filter(command__provider=filters.provider)
+        # By the types of that provider's contracts: no join with the commands.
+        query = query.filter(
+            type__in=[c.type for c in CONTRACTS.values() if c.provider == filters.provider]
+        )
     if filters.cause:
         # ``cause`` is annotated by effects_for_triage (not a column).
         query = query.filter(**{"cause": filters.cause})

@@ -229,8 +229,18 @@ def test_every_case_can_be_closed_from_the_queue(oscar, bot):
 def test_freeze_the_requester_of_a_group(oscar, bot):
     _outage(bot, 2)
     html = oscar.client.get("/").content.decode()
-    assert "Freeze refund-bot" in html
+    assert "Freeze the requester" in html
     response = oscar.htmx("post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2})
     assert "Froze refund-bot" in response.content.decode()
     bot.principal.refresh_from_db()
     assert bot.principal.frozen
+
+
+def test_freeze_the_requester_is_refused_for_a_group_of_several(oscar, bot, root):
+    _outage(bot, 1)
+    escalated_unknown(root.principal)
+    response = oscar.htmx("post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2})
+    assert response.status_code == 409
+    assert "asked for by 2 principals" in response.content.decode()
+    root.principal.refresh_from_db()
+    assert not root.principal.frozen
