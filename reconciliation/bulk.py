@@ -23,7 +23,7 @@ from gateway.choices import TO_RECONCILE
 from gateway.errors import GatewayError
 from gateway.models import Effect, Principal
 from reconciliation import claims, services
-from reconciliation.choices import UNRESOLVED, CaseReason, LookupStatus, RecordKind
+from reconciliation.choices import UNRESOLVED, CaseReason, RecordKind
 from reconciliation.models import Case, ReconciliationRecord
 
 logger = logging.getLogger(__name__)
@@ -204,12 +204,8 @@ def effects_probe_escalated(*, now=None) -> int:
         try:
             services.effect_reconcile(effect_id=effect_id)
         except Exception:
+            # As in reconcile_next_batch: one poison row must not stop the sweep.
             logger.exception("probe failed", extra={"effect_id": effect_id})
             continue
         probed += 1
     return probed
-
-
-def answered(lookup_status: str) -> bool:
-    """Whether a lookup reached the provider (found or not found, both are answers)."""
-    return lookup_status != LookupStatus.UNREACHABLE
