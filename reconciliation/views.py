@@ -43,7 +43,7 @@ from gateway.console.base import (
     render_polled,
     role_may,
 )
-from gateway.console.effects import load_effect
+from gateway.console.effects import changed_by, load_effect
 from gateway.console.extensions import BulkAction, EffectAction, Panel
 from gateway.console.forms import NoteForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import owners
@@ -399,7 +399,7 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
     filters = CaseFilters.parse(QueryDict(request.POST.get("filters", "")))
     back = reverse("console:cases") + (f"?{filters.querystring()}" if filters.active else "")
 
-    def answer() -> str:
+    def answer(**extra: Any) -> str:
         fresh = (
             selectors.cases_for_principal(principal)
             .select_related("effect__command")
@@ -413,13 +413,14 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
                 "row": row,
                 "filters": filters,
                 "resolve_outcomes": ResolveForm.base_fields["outcome"].choices,
+                **extra,
             },
             request=request,
         )
         return html + badges_oob(request)
 
     run = spec.run
-    return perform(
+    response = perform(
         request,
         form=spec.form(request.POST),
         run=lambda data: run(request, case, data),
@@ -427,6 +428,13 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
         target=f"#case-{case.pk}-error",
         answer=answer,
     )
+    if response.status_code == 409 and is_partial(request):
+        # Someone else got there first: the card is redrawn (out of band) with who did what.
+        events = list(case.effect.events.order_by("-id")[:1])
+        response.content = (
+            response.content + answer(oob=True, changed_by=changed_by(events)).encode()
+        )
+    return response
 
 
 # --- what reconciliation adds to the effect page (registered in ReconciliationConfig.ready) ---

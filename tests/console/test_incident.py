@@ -244,3 +244,16 @@ def test_freeze_the_requester_is_refused_for_a_group_of_several(oscar, bot, root
     assert "asked for by 2 principals" in response.content.decode()
     root.principal.refresh_from_db()
     assert not root.principal.frozen
+
+
+def test_a_409_on_a_case_card_redraws_it_and_says_who(oscar, root, bot):
+    effect = escalated_unknown(bot.principal)
+    case = Case.objects.get(effect=effect)
+    from reconciliation.services import case_acknowledge
+
+    case_acknowledge(case=case, principal=root.principal, note="mine")
+    response = oscar.htmx("post", f"/cases/{case.pk}/acknowledge", {"note": "x"})
+    assert response.status_code == 409
+    body = response.content.decode()
+    assert f'id="case-{case.pk}"' in body and 'hx-swap-oob="outerHTML"' in body
+    assert "Meanwhile admin:root changed it" in body and "case acknowledged" in body
