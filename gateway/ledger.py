@@ -178,7 +178,8 @@ def annotate(
 
     The caller holds the tenant's chain head or the effect's row lock (the lock order of
     gateway.audit). With ``expect_status`` (and ``where``, other fields as read) it is a
-    compare-and-set: False (and no event) when another actor moved the effect meanwhile. The instance gets the fields.
+    compare-and-set: False (and no event) when another actor moved the effect meanwhile. The
+    instance gets the fields.
     """
     now = now or timezone.now()
     query = Effect.objects.filter(pk=effect.pk)
