@@ -5,7 +5,7 @@ against the same loopback sandbox provider (SPEC §6, in this process):
 
 - **the floor**: raw psycopg on a small connection pool, per effect ``INSERT … ON CONFLICT``
   → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost;
-- **the product**: the real HTTP API served by gunicorn, real Celery workers (prefork, with
+- **the product**: the real HTTP API served by gunicorn, real Celery workers (a thread pool, with
   the beat embedded, so the sweeper and the audit sequencer run) on PostgreSQL + Redis, from
   ``POST /api/v1/commands`` to CONFIRMED in the ledger.
 
@@ -147,7 +147,8 @@ class Command(BaseCommand):
         parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument("--worker-concurrency", type=int, default=4)
         parser.add_argument("--worker-processes", type=int, default=1)
-        parser.add_argument("--worker-pool", default="prefork", choices=["prefork", "threads"])
+        # threads: the deployment advice (docs/operations.md): no pipe to a child per task.
+        parser.add_argument("--worker-pool", default="threads", choices=["prefork", "threads"])
         parser.add_argument("--floor-pool", type=int, default=4)
         parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
         parser.add_argument("--timeout", type=float, default=180)
