@@ -168,7 +168,10 @@ class Command(models.Model):
     effect_id = models.CharField(
         max_length=32, primary_key=True, default=new_effect_id, editable=False
     )
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="commands")
+    # No index of its own: every query by tenant goes through an index that starts with it.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="commands", db_index=False
+    )
     type = models.CharField(max_length=100)
     provider = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=255)
@@ -235,7 +238,10 @@ class Effect(models.Model):
         db_column="effect_id",
     )
     # Copied from the command so that the list and triage queries need no join.
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="effects")
+    # No index of its own: every query by tenant goes through an index that starts with it.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="effects", db_index=False
+    )
     type = models.CharField(max_length=100)
     owner = models.CharField(max_length=100)
 
@@ -329,7 +335,10 @@ class Effect(models.Model):
 class Attempt(models.Model):
     """One dispatch try, written ("sending") before the provider is called."""
 
-    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="attempts")
+    # Indexed by the unique (effect, number) constraint, which starts with it.
+    effect = models.ForeignKey(
+        Effect, on_delete=models.PROTECT, related_name="attempts", db_index=False
+    )
     number = models.PositiveIntegerField()
     fence = models.BigIntegerField()
     worker = models.CharField(max_length=200, blank=True)
@@ -358,7 +367,10 @@ class Receipt(models.Model):
         RECONCILER = "reconciler"
         WEBHOOK = "webhook"
 
-    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="receipts")
+    # Indexed by (effect, -received_at) below, which starts with it.
+    effect = models.ForeignKey(
+        Effect, on_delete=models.PROTECT, related_name="receipts", db_index=False
+    )
     attempt = models.ForeignKey(
         Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts"
     )
@@ -383,10 +395,16 @@ class EffectEvent(models.Model):
     """An append-only line of an effect's history (or of a tenant's control actions): who or
     what, when, from, to, why."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # Neither has an index of its own: (tenant, id) and (effect, id) below start with them.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     # None for a tenant-level control action (a grant, a freeze of a type or principal).
     effect = models.ForeignKey(
-        Effect, null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+        Effect,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="events",
+        db_index=False,
     )
     # What a control action acted on: "capability:cap_…", "principal:name", "type:…".
     subject = models.CharField(max_length=200, blank=True)

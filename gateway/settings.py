@@ -129,7 +129,14 @@ DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", "") or embedded.database_url(_EMBEDDED_RUN_DIR),
         conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60),
-        conn_health_checks=True,
+        # Off by default: the check is a ``SELECT 1`` round trip at the first query of every
+        # request (one in four of a submission's round trips). Without it a connection that
+        # broke while idle (a PostgreSQL restart) fails the one request that uses it next;
+        # Django sees the error and closes it at that request's end, so the thread's next
+        # request reconnects. Nothing is lost: the failed request wrote nothing, and a
+        # client retrying with its Idempotency-Key gets one effect. Turn it on where idle
+        # connections are cut often (a proxy or firewall with a timeout under CONN_MAX_AGE).
+        conn_health_checks=env_bool("GATEWAY_DB_HEALTH_CHECKS", False),
     )
 }
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":

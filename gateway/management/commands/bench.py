@@ -5,7 +5,7 @@ against the same loopback sandbox provider (SPEC §6, in this process):
 
 - **the floor**: raw psycopg on a small connection pool, per effect ``INSERT … ON CONFLICT``
   → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost;
-- **the product**: the real HTTP API served by gunicorn, real Celery workers (prefork, with
+- **the product**: the real HTTP API served by gunicorn, real Celery workers (a thread pool, with
   the beat embedded, so the sweeper and the audit sequencer run) on PostgreSQL + Redis, from
   ``POST /api/v1/commands`` to CONFIRMED in the ledger.
 
@@ -147,10 +147,18 @@ class Command(BaseCommand):
         parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument("--worker-concurrency", type=int, default=4)
         parser.add_argument("--worker-processes", type=int, default=1)
-        parser.add_argument("--worker-pool", default="prefork", choices=["prefork", "threads"])
+        # threads: the deployment advice (docs/operations.md): no pipe to a child per task.
+        parser.add_argument("--worker-pool", default="threads", choices=["prefork", "threads"])
         parser.add_argument("--floor-pool", type=int, default=4)
         parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
         parser.add_argument("--timeout", type=float, default=180)
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=0,
+            help="first of the ports to use (web nodes from it, the provider at +9); "
+            "default: free ports",
+        )
 
     def handle(self, *args, **options):
         if connection.vendor != "postgresql":
@@ -165,7 +173,10 @@ class Command(BaseCommand):
         self.run_id = run
         tenants = [f"bench{n}" if n else "bench" for n in range(options["tenants"])]
         tokens = [self._token(tenant, run) for tenant in tenants]
-        self.sandbox = SandboxServer(SandboxProvider(), port=0).start()
+        base_port = options["port"]
+        self.sandbox = SandboxServer(
+            SandboxProvider(), port=base_port + 9 if base_port else 0
+        ).start()
         urls = {name: self.sandbox.base_url(name) for name in PROVIDERS}
         db = settings.DATABASES["default"]
         dsn = (
@@ -174,7 +185,9 @@ class Command(BaseCommand):
             + (f" password={db['PASSWORD']}" if db.get("PASSWORD") else "")
         )
         self.floor_args = {"dsn": dsn, "pool_size": options["floor_pool"], "url": urls["tickets"]}
-        ports = [free_port() for _ in range(options["web_nodes"])]
+        ports = [
+            base_port + node if base_port else free_port() for node in range(options["web_nodes"])
+        ]
         self.bases = [f"http://127.0.0.1:{port}" for port in ports]
         self.base = self.bases[0]
         self.children = self._start(run, ports, urls)

@@ -419,7 +419,7 @@ def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) ->
             "worker",
             [
                 *celery,
-                *["worker", "--loglevel", level, "--concurrency", "2"],
+                *["worker", "--loglevel", level, "--pool", "threads", "--concurrency", "4"],
                 *["--prefetch-multiplier", "1", "-Q", "celery"],
             ],
         ),
