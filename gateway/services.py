@@ -22,7 +22,6 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -47,6 +46,7 @@ from gateway.errors import (
     NotPermitted,
     ValidationProblem,
 )
+from gateway.lib import jsonin
 from gateway.lib.digest import payload_digest, sha256_digest
 from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import open_json, seal_json
@@ -272,7 +272,7 @@ def _validate_submission(
     if not isinstance(payload, dict):
         errors["payload"] = ["must be an object"]
     elif contract:
-        validator = jsonschema.Draft202012Validator(contract.payload_schema)
+        validator = jsonin.payload_validator(contract.payload_schema)
         for error in sorted(validator.iter_errors(payload), key=lambda e: list(e.path)):
             path = ".".join(str(part) for part in error.path)
             errors.setdefault(f"payload.{path}" if path else "payload", []).append(error.message)
