@@ -46,11 +46,25 @@ from gateway.errors import (
     NotPermitted,
     ValidationProblem,
 )
+from gateway.integrity import (
+    effect_refuse_tampered,
+    open_command_payload,
+    payload_binding,
+    verified_payload,
+)
 from gateway.lib import jsonin
 from gateway.lib.digest import payload_digest, sha256_digest
 from gateway.lib.failpoints import failpoint
-from gateway.lib.vault import open_json, seal_json
-from gateway.models import Attempt, Command, Effect, EffectEvent, Principal, Receipt
+from gateway.lib.vault import seal_bound
+from gateway.models import (
+    Attempt,
+    Command,
+    Effect,
+    EffectEvent,
+    Principal,
+    Receipt,
+    new_effect_id,
+)
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
 from gateway.webhooks.services import outbox_record
@@ -357,6 +371,7 @@ def command_submit(
         return Submission(existing, created=False)
 
     now = timezone.now()
+    effect_id = new_effect_id()
     needs_approval = contract.requires_approval(payload)
     status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     try:
@@ -365,6 +380,7 @@ def command_submit(
                 principal=principal, contract=contract, resource=resource, payload=payload
             )
             command = Command.objects.create(
+                effect_id=effect_id,
                 tenant_id=principal.tenant_id,
                 type=contract.type,
                 provider=contract.provider,
@@ -375,7 +391,10 @@ def command_submit(
                 resource_type=resource["type"],
                 resource_id=resource["id"],
                 resource_version=resource.get("version"),
-                payload_sealed=seal_json(payload),
+                # Bound to this command: a ciphertext copied from another row won't open.
+                payload_sealed=seal_bound(
+                    payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
+                ),
                 payload_redacted=redact(payload, contract),
                 intent=intent or {},
                 context=context or {},
@@ -451,7 +470,7 @@ def _existing_command(principal: Principal, key: str, digest: str) -> Effect | N
 
 def command_payload(command: Command) -> dict[str, Any]:
     """The clear payload (for the dispatcher and for roles allowed to see it)."""
-    return open_json(command.payload_sealed)
+    return open_command_payload(command)
 
 
 # --- human actions ----------------------------------------------------------------------------
@@ -650,6 +669,8 @@ class Claim:
     fence: int
     attempt_id: int
     attempt_number: int
+    # What the claim verified against the digests (gateway.integrity): exactly this is sent.
+    payload: dict[str, Any] | None = None
 
 
 def effect_expire(*, effect: Effect, actor: str) -> bool:
@@ -708,6 +729,10 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
                 next_dispatch_at=None,
             )
             return None
+        payload, problem = verified_payload(effect)
+        if problem:
+            effect_refuse_tampered(effect=effect, problem=problem, actor=f"worker:{worker}")
+            return None
         contract = get_contract(effect.type)
         budget = contract.recovery.max_dispatch_attempts if contract else 1
         if effect.attempt_count >= budget:
@@ -751,7 +776,13 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             state=AttemptState.SENDING,
             started_at=now,
         )
-    return Claim(effect_id=effect_id, fence=fence, attempt_id=attempt.pk, attempt_number=number)
+    return Claim(
+        effect_id=effect_id,
+        fence=fence,
+        attempt_id=attempt.pk,
+        attempt_number=number,
+        payload=payload,
+    )
 
 
 def _receipt(
@@ -868,14 +899,16 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
     return effect
 
 
-def execute_request(effect: Effect, *, timeout: float | None = None) -> ExecuteRequest:
+def execute_request(
+    effect: Effect, *, timeout: float | None = None, payload: dict[str, Any] | None = None
+) -> ExecuteRequest:
     command = effect.command
     return ExecuteRequest(
         effect_id=effect.pk,
         type=command.type,
         idempotency_key=command.provider_key,
         resource=command.resource,
-        payload=command_payload(command),
+        payload=payload if payload is not None else command_payload(command),
         payload_digest=command.payload_digest,
         timeout=timeout or settings.GATEWAY_PROVIDER_TIMEOUT,
     )
@@ -892,7 +925,7 @@ def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
     contract = get_contract(effect.type)
     assert contract is not None, f"no contract for {effect.type}"
     adapter = adapter_for(contract)
-    request = execute_request(effect)
+    request = execute_request(effect, payload=claim.payload)
     started = timezone.now()
     result = adapter.execute(request)
     if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
