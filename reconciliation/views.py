@@ -8,7 +8,6 @@ read any further.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from gateway.api.problems import PROBLEM_CONTENT_TYPE, json_problem_view, problem
+from gateway.lib import jsonin
 from gateway.providers.base import ProviderOperation
 from reconciliation import services
 from reconciliation.metrics import WEBHOOKS_REFUSED
@@ -53,9 +53,9 @@ def _text(value: Any, limit: int, *, required: bool = True) -> str | None:
 def parse_receipt(provider: str, body: bytes, signed_at: int):
     """The receipt of a verified body, or the field errors that make it none."""
     try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None, {"body": ["must be a UTF-8 JSON object"]}
+        data = jsonin.loads(body)
+    except jsonin.JsonInputError as exc:
+        return None, {exc.where: [f"must be a UTF-8 JSON object: {exc}"]}
     if not isinstance(data, dict):
         return None, {"body": ["must be a JSON object"]}
     errors: dict[str, list[str]] = {}
