@@ -60,7 +60,9 @@ def _problem(request: HttpRequest) -> tuple[int, str, str, str] | None:
                     "Unsupported charset",
                     f"charset={charset} is not supported: send UTF-8.",
                 )
-        if content_type.startswith(FORM_TYPES):
+        # Forms are the console's and the admin's: the API reads JSON only, and reading a
+        # form here would hand DRF the parsed form instead of refusing it with 415.
+        if content_type.startswith(FORM_TYPES) and not request.path.startswith("/api/"):
             try:
                 for name, values in request.POST.lists():
                     check_value({name: values}, where="form")

@@ -93,6 +93,8 @@ MIDDLEWARE = [
     "gateway.input_guard.InputGuardMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # Locked logins are 429 before any password is checked (gateway.lockout).
+    "gateway.lockout.LoginLockoutMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -306,6 +308,11 @@ GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
 # First wait before an UNKNOWN / IN_PROGRESS effect is looked up; doubles per lookup.
 GATEWAY_RECONCILE_BACKOFF = env_number("GATEWAY_RECONCILE_BACKOFF", 5)
 GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
+# Tokens and logins (gateway.tokens, gateway.lockout, gateway.metrics_access).
+GATEWAY_AGENT_TOKEN_TTL = env_int("GATEWAY_AGENT_TOKEN_TTL", 90 * 24 * 3600)
+GATEWAY_LOGIN_MAX_FAILURES = env_int("GATEWAY_LOGIN_MAX_FAILURES", 5)
+GATEWAY_LOGIN_LOCKOUT = env_int("GATEWAY_LOGIN_LOCKOUT", 15 * 60)
+GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN", "")
 # An approval is good for one command, for this long: dispatched later, it is asked again.
 GATEWAY_APPROVAL_TTL = env_number("GATEWAY_APPROVAL_TTL", 3600)
 GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")

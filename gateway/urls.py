@@ -6,6 +6,7 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gateway import health
+from gateway.metrics_access import metrics_guard
 from reconciliation import views as reconciliation_views
 
 urlpatterns = [
@@ -23,7 +24,7 @@ urlpatterns = [
     ),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("metrics", reconciliation_views.metrics, name="metrics"),
+    path("metrics", metrics_guard(reconciliation_views.metrics), name="metrics"),
     path("admin/", admin.site.urls),
     path("", include("reconciliation.urls")),
     path("", include("gateway.console_urls")),

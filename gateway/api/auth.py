@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import secrets
 from dataclasses import dataclass
 
+from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, throttling
@@ -21,11 +21,11 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def token_create(*, principal: Principal) -> str:
+def token_create(*, principal: Principal, expires_in: int | None = None) -> str:
     """A new API token for ``principal``; the clear value is returned once and never stored."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(principal=principal, prefix=token[:12], token_hash=hash_token(token))
-    return token
+    from gateway.tokens import token_issue
+
+    return token_issue(principal=principal, expires_in=expires_in)[1]
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,20 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             token = header[1].decode()
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("The token is not valid.") from None
+        now = timezone.now()
         record = (
             ApiToken.objects.select_related("principal__tenant")
             .filter(token_hash=hash_token(token), revoked_at__isnull=True)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
             .first()
         )
         if record is None:
-            raise exceptions.AuthenticationFailed("The token is not valid or was revoked.")
-        now = timezone.now()
+            raise exceptions.AuthenticationFailed("The token is not valid, expired or was revoked.")
+        if record.principal.frozen:
+            # A frozen principal reads nothing either: freezing is the incident brake.
+            raise exceptions.PermissionDenied(
+                f"Principal {record.principal.name} is frozen: its tokens read nothing."
+            )
         if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
             ApiToken.objects.filter(pk=record.pk).update(last_used_at=now)
         return PrincipalUser(record.principal), record

@@ -2,10 +2,12 @@ from django.urls import include, path, re_path
 from rest_framework.routers import SimpleRouter
 
 from gateway.api import views
+from gateway.api.tokens import TokenViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("effects", views.EffectViewSet, basename="effect")
 router.register("capabilities", views.CapabilityViewSet, basename="capability")
+router.register("tokens", TokenViewSet, basename="token")
 
 urlpatterns = [
     path("commands", views.CommandSubmitView.as_view(), name="command-submit"),

@@ -122,6 +122,12 @@ def test_a_charset_other_than_utf8_is_415(agent, charset):
     assert Command.objects.count() == 0
 
 
+def test_a_form_body_to_the_api_is_415(agent):
+    response = agent.client.post("/api/v1/commands", {"type": "x"}, HTTP_IDEMPOTENCY_KEY="k1")
+    assert response.status_code == 415
+    assert Command.objects.count() == 0
+
+
 def test_a_chunked_body_is_411(agent):
     response = agent.client.generic(
         "POST",
