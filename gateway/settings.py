@@ -313,6 +313,9 @@ GATEWAY_AGENT_TOKEN_TTL = env_int("GATEWAY_AGENT_TOKEN_TTL", 90 * 24 * 3600)
 GATEWAY_LOGIN_MAX_FAILURES = env_int("GATEWAY_LOGIN_MAX_FAILURES", 5)
 GATEWAY_LOGIN_LOCKOUT = env_int("GATEWAY_LOGIN_LOCKOUT", 15 * 60)
 GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN", "")
+# Long polls (gateway.api.waits): below the web process's threads, so some stay free.
+GATEWAY_MAX_WAITS_PER_TOKEN = env_int("GATEWAY_MAX_WAITS_PER_TOKEN", 4)
+GATEWAY_MAX_WAITS_PER_PROCESS = env_int("GATEWAY_MAX_WAITS_PER_PROCESS", 4)
 # An approval is good for one command, for this long: dispatched later, it is asked again.
 GATEWAY_APPROVAL_TTL = env_number("GATEWAY_APPROVAL_TTL", 3600)
 GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")
