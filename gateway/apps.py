@@ -10,5 +10,5 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         # Make our Celery app the current one in every process that loads Django (web nodes
         # send tasks with shared_task.delay, which uses the current app's broker).
-        from gateway import lockout  # noqa: F401  (connects the login-failure counters)
+        from gateway import checks, lockout  # noqa: F401  (login counters, deploy checks)
         from gateway.celery import app  # noqa: F401

@@ -333,6 +333,12 @@ GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 # How long an active saga may go without news before the sweeper advances it again.
 GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 
+# Signed checkpoints of the audit chains (gateway.checkpoints): a key the database never
+# holds (32 bytes, base64; generated under var/ in development) and an append-only place.
+GATEWAY_AUDIT_SIGNING_KEY = env_str("GATEWAY_AUDIT_SIGNING_KEY", "")
+GATEWAY_CHECKPOINT_DIR = env_str("GATEWAY_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
+GATEWAY_CHECKPOINT_INTERVAL = env_number("GATEWAY_CHECKPOINT_INTERVAL", 300)
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
@@ -349,6 +355,10 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-webhooks": {
         "task": "gateway.webhooks.tasks.sweep_webhooks",
         "schedule": timedelta(seconds=GATEWAY_WEBHOOK_SWEEP_INTERVAL),
+    },
+    "audit-checkpoints": {
+        "task": "gateway.tasks.write_audit_checkpoints",
+        "schedule": timedelta(seconds=GATEWAY_CHECKPOINT_INTERVAL),
     },
 }
 

@@ -14,3 +14,10 @@ def dispatch_effect(effect_id: str) -> bool:
 @shared_task(acks_late=True, ignore_result=True)
 def sweep_dispatch() -> int:
     return services.dispatch_sweep()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def write_audit_checkpoints() -> int:
+    from gateway.checkpoints import checkpoints_write_all
+
+    return checkpoints_write_all()
