@@ -348,6 +348,12 @@ class Attempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["effect", "number"], name="attempt_unique_number"),
         ]
+        indexes = [
+            # Recovery's pass over attempts left "sending" (gateway.recovery): few rows.
+            models.Index(
+                fields=["started_at"], name="attempt_sending", condition=Q(state="sending")
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.effect_id} #{self.number}"

@@ -979,6 +979,20 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
 
 
+def redeliver_at(*, now, waiting_since):
+    """When the sweeper may send an overdue effect's message again: after as long as it has
+    waited so far (at least GATEWAY_REDELIVER_AFTER, at most GATEWAY_REDELIVER_MAX).
+
+    The first message is most likely waiting behind a backlog, not lost: a fixed interval
+    re-sent every waiting effect every 30 s (300 effects queued → 1983 messages, 1620 of them
+    no-ops that lengthened the very backlog). Doubling the wait bounds the copies per effect
+    by log2(backlog / interval) and still resends a truly lost message within the cap.
+    """
+    waited = (now - waiting_since).total_seconds() if waiting_since else 0.0
+    seconds = min(max(settings.GATEWAY_REDELIVER_AFTER, waited), settings.GATEWAY_REDELIVER_MAX)
+    return now + timedelta(seconds=seconds)
+
+
 def dispatch_sweep(*, limit: int = 500) -> int:
     """Re-enqueue PREPARED/NOT_STARTED effects whose task has gone quiet, and expire the ones
     whose command ran out. The broker can lose a message; the ledger cannot."""
@@ -996,15 +1010,14 @@ def dispatch_sweep(*, limit: int = 500) -> int:
             Effect.objects.filter(status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False)
         )
         .order_by("next_dispatch_at")
-        .values_list("pk", "next_dispatch_at")[:limit]
+        .values_list("pk", "next_dispatch_at", "status_changed_at")[:limit]
     )
     sent = 0
-    later = now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
-    for effect_id, was_due in due:
+    for effect_id, was_due, waiting_since in due:
         # Compare-and-set on the due time: two beat processes (a misconfiguration) would
         # otherwise both enqueue; even then the claim lets only one message send.
         if Effect.objects.filter(pk=effect_id, next_dispatch_at=was_due).update(
-            next_dispatch_at=later
+            next_dispatch_at=redeliver_at(now=now, waiting_since=waiting_since)
         ):
             dispatch_effect.delay(effect_id)
             sent += 1

@@ -256,6 +256,18 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
+# Recovery (lease recovery, reconciliation, the dispatch sweeper) has a queue of its own, so it
+# never waits behind a dispatch backlog; every worker consumes it (gateway.celery).
+GATEWAY_RECOVERY_QUEUE = env_str("GATEWAY_RECOVERY_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}.recovery")
+CELERY_TASK_ROUTES = {
+    name: {"queue": GATEWAY_RECOVERY_QUEUE}
+    for name in (
+        "reconciliation.tasks.reconcile_due",
+        "reconciliation.tasks.recover_leases",
+        "reconciliation.tasks.reconcile_effect",
+        "gateway.tasks.sweep_dispatch",
+    )
+}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -301,6 +313,8 @@ GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)
 # How long a PREPARED/NOT_STARTED effect may wait for its task before the sweeper enqueues
 # it again (the broker may have lost the message), and how often the sweeper looks.
 GATEWAY_REDELIVER_AFTER = env_number("GATEWAY_REDELIVER_AFTER", 30)
+# The longest the sweeper waits before re-sending an overdue effect's message (it backs off).
+GATEWAY_REDELIVER_MAX = env_number("GATEWAY_REDELIVER_MAX", 300)
 GATEWAY_SWEEP_INTERVAL = env_number("GATEWAY_SWEEP_INTERVAL", 5)
 # Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
 GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
@@ -340,6 +354,10 @@ GATEWAY_CHECKPOINT_DIR = env_str("GATEWAY_CHECKPOINT_DIR", str(VAR_DIR / "checkp
 GATEWAY_CHECKPOINT_INTERVAL = env_number("GATEWAY_CHECKPOINT_INTERVAL", 300)
 
 CELERY_BEAT_SCHEDULE = {
+    "recover-leases": {
+        "task": "reconciliation.tasks.recover_leases",
+        "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),
+    },
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
         "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),

@@ -34,6 +34,7 @@ from gateway.providers.base import CallResult, LookupResult, ProviderOperation
 from gateway.providers.base import LookupStatus as ProviderLookupStatus
 from gateway.providers.http import classify_operation
 from gateway.providers.registry import adapter_for
+from gateway.recovery import close_attempts_of_lost_claim
 from reconciliation.choices import (
     MANUAL_OUTCOMES,
     UNRESOLVED,
@@ -264,6 +265,8 @@ def effects_recover_expired_leases(*, limit: int = 500) -> int:
                 lease_expires_at=None,
                 next_check_at=now,
             )
+            # Its worker is gone or stalled: close the attempt it left "sending".
+            close_attempts_of_lost_claim(effect_id=effect.pk, fence=effect.fence, now=now)
     return recovered
 
 
