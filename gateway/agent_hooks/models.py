@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from gateway.agent_hooks import patterns
 from gateway.models import Tenant
 
 MAX_REGEX_LENGTH = 500
@@ -16,9 +15,11 @@ def validate_regex(value: str) -> None:
     if len(value) > MAX_REGEX_LENGTH:
         raise ValidationError(f"at most {MAX_REGEX_LENGTH} characters")
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValidationError(f"not a regular expression: {exc}") from None
+        patterns.compiled(value)
+    except patterns.PatternError as exc:
+        raise ValidationError(
+            f"not a pattern the gateway runs (RE2 syntax: no back-references or look-around): {exc}"
+        ) from None
 
 
 class GovernedPattern(models.Model):

@@ -16,13 +16,12 @@ Pure functions over plain data; the view does the I/O (auth, tenant patterns, li
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.agent_hooks import shell
+from gateway.agent_hooks import patterns, shell
 from gateway.client.models import tool_name
 from gateway.contracts import CONTRACTS, EffectContract
 
@@ -61,12 +60,12 @@ class Rule:
         if self.match is not None:
             return self.match(call)
         try:
-            # Tenant patterns: each searched in one simple command (at most MAX_SUBJECT
-            # characters), never the whole hook input.
-            return bool(re.fullmatch(self.tools, call.tool)) and any(
-                re.search(self.regex, text, re.IGNORECASE) for text in call.texts
+            # Tenant patterns run on RE2 (linear time, gateway.agent_hooks.patterns), each in
+            # one simple command of at most MAX_SUBJECT characters.
+            return patterns.fullmatch(self.tools, call.tool) and any(
+                patterns.search(self.regex, text) for text in call.texts
             )
-        except re.error:
+        except patterns.PatternError:
             return False  # validated on save; a bad row must not take the hook down
 
 

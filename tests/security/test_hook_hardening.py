@@ -216,3 +216,25 @@ def test_post_tool_use_failure_is_recorded_as_failed(agent):
     post_use(agent.token, body)
     recorded = ToolCallOutcome.objects.get()
     assert recorded.failed and recorded.detail == "exit status 2"
+
+
+def test_tenant_patterns_run_in_linear_time(agent):
+    from django.core.exceptions import ValidationError
+
+    from gateway.agent_hooks.models import GovernedPattern
+
+    # Catastrophic for a backtracking engine: (a+)+$ on "aaaa…b".
+    GovernedPattern.objects.create(
+        tenant=agent.principal.tenant, name="evil", tools="Bash", regex="(a+)+$", reason="x"
+    )
+    command = "echo " + "a" * (policy.MAX_SUBJECT - 10) + "b"
+    started = time.process_time()
+    answer = pre(agent, "Bash", bash(command))
+    assert time.process_time() - started < 1.0  # complexity guard (re: exponential)
+    assert answer == {}
+    assert decision(pre(agent, "Bash", bash("echo aaa"))) == "deny"
+    # Patterns RE2 cannot run in linear time are refused when saved.
+    with pytest.raises(ValidationError):
+        GovernedPattern(
+            tenant=agent.principal.tenant, name="backref", regex=r"(kube)\1", reason="x"
+        ).full_clean()
