@@ -5,20 +5,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('gateway', '0007_effect_before_dispatch'),
+        ("gateway", "0007_effect_before_dispatch"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='expires_at',
+            model_name="apitoken",
+            name="expires_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='rotated_from',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='gateway.apitoken'),
+            model_name="apitoken",
+            name="rotated_from",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="gateway.apitoken",
+            ),
         ),
     ]

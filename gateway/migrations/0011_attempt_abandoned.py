@@ -4,19 +4,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('gateway', '0010_receipt_seal_no_truncate'),
+        ("gateway", "0010_receipt_seal_no_truncate"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='attempt',
-            name='state',
-            field=models.CharField(choices=[('sending', 'Sending'), ('finished', 'Finished'), ('stale', 'Stale'), ('abandoned', 'Abandoned')], max_length=16),
+            model_name="attempt",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("sending", "Sending"),
+                    ("finished", "Finished"),
+                    ("stale", "Stale"),
+                    ("abandoned", "Abandoned"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(condition=models.Q(('state', 'sending')), fields=['started_at'], name='attempt_sending'),
+            model_name="attempt",
+            index=models.Index(
+                condition=models.Q(("state", "sending")),
+                fields=["started_at"],
+                name="attempt_sending",
+            ),
         ),
     ]

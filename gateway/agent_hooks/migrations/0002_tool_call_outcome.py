@@ -5,30 +5,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agent_hooks', '0001_initial'),
-        ('gateway', '0007_effect_before_dispatch'),
+        ("agent_hooks", "0001_initial"),
+        ("gateway", "0007_effect_before_dispatch"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ToolCallOutcome',
+            name="ToolCallOutcome",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('session_id', models.CharField(blank=True, max_length=200)),
-                ('tool_use_id', models.CharField(blank=True, max_length=200)),
-                ('tool_name', models.CharField(max_length=200)),
-                ('effect_id', models.CharField(blank=True, max_length=64)),
-                ('status', models.CharField(blank=True, max_length=32)),
-                ('failed', models.BooleanField(default=False)),
-                ('detail', models.TextField(blank=True)),
-                ('recorded_at', models.DateTimeField(auto_now_add=True)),
-                ('principal', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='gateway.principal')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='gateway.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("session_id", models.CharField(blank=True, max_length=200)),
+                ("tool_use_id", models.CharField(blank=True, max_length=200)),
+                ("tool_name", models.CharField(max_length=200)),
+                ("effect_id", models.CharField(blank=True, max_length=64)),
+                ("status", models.CharField(blank=True, max_length=32)),
+                ("failed", models.BooleanField(default=False)),
+                ("detail", models.TextField(blank=True)),
+                ("recorded_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "principal",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="gateway.principal",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="gateway.tenant",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(condition=models.Q(('tool_use_id', ''), _negated=True), fields=('tenant', 'tool_use_id'), name='tool_call_outcome_once')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("tool_use_id", ""), _negated=True),
+                        fields=("tenant", "tool_use_id"),
+                        name="tool_call_outcome_once",
+                    )
+                ],
             },
         ),
     ]
