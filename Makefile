@@ -19,7 +19,7 @@ DEMO_ARGS ?=
 # warns about each one on every call. They are noise, so drop them from the output.
 PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 
-.PHONY: help install browser test lint fmt demo bench clean
+.PHONY: help install browser test lint fmt typecheck lint-imports demo bench clean
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
@@ -55,15 +55,23 @@ browser: ## Install Debian's chromium for the browser tests when missing (root o
 		echo "      the browser tests need it: sudo apt-get install chromium"; \
 	fi
 
-test: install browser ## Lint, check migrations are current, run pytest
+test: install browser ## Lint, format, types, import boundaries, migrations current, pytest
 	@echo "==> database: $${DATABASE_URL:-SQLite (default)}; broker: $${CELERY_BROKER_URL:-embedded (default)}"
 	$(RUFF) check .
+	$(RUFF) format --check .
+	$(MAKE) typecheck lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install ## ruff check and ruff format --check
 	$(RUFF) check .
 	$(RUFF) format --check .
+
+typecheck: install ## mypy with the Django and DRF plugins (config in pyproject.toml)
+	$(VENV)/bin/mypy
+
+lint-imports: install ## The import boundaries of docs/architecture.md (import-linter)
+	$(VENV)/bin/lint-imports
 
 fmt: install ## Format the code and apply ruff's safe fixes
 	$(RUFF) format .
@@ -76,5 +84,5 @@ bench: install ## Run the benchmark
 	$(PY) manage.py bench
 
 clean: ## Remove .venv, var/ and caches
-	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ ./*.egg-info
+	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ .mypy_cache/ .import_linter_cache/ ./*.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

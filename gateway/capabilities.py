@@ -17,14 +17,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from gateway import audit
-from gateway.choices import Role
+from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
 from gateway.lib.ids import new_id
-from gateway.models import Capability, Command, EffectTypeFreeze, Principal
-
-GRANTOR_ROLES = frozenset({Role.ADMIN})
-FREEZER_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+from gateway.models import Capability, Command, Effect, EffectTypeFreeze, Principal
 
 
 def _matches(capability: Capability, effect_type: str, resource: dict[str, Any]) -> bool:
@@ -124,6 +121,16 @@ def capability_release(command: Command) -> None:
     )
 
 
+def capability_release_unsent(effect: Effect, *, from_status: str, to: str) -> None:
+    """``hooks.after_transition`` listener: a command that ends without ever being sent
+    (cancelled, expired, rejected before dispatch) gives its share of the grant's budget back,
+    in the transaction of that transition."""
+    if to in (EffectStatus.CANCELLED, EffectStatus.EXPIRED) or (
+        to == EffectStatus.REJECTED and from_status in BEFORE_DISPATCH
+    ):
+        capability_release(effect.command)
+
+
 def dispatch_blocker(command: Command, *, now) -> tuple[str, bool] | None:
     """Why this command may not be sent now, and whether that is final.
 
@@ -195,7 +202,7 @@ def capability_grant(
 
 
 def capability_revoke(*, capability: Capability, principal: Principal, reason: str) -> Capability:
-    if principal.role not in FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot revoke grants.")
     with transaction.atomic():
         changed = Capability.objects.filter(pk=capability.pk, revoked_at__isnull=True).update(
@@ -219,7 +226,7 @@ def effect_type_set_frozen(
     *, tenant_id: int, effect_type: str, principal: Principal, frozen: bool, reason: str = ""
 ) -> bool:
     """Freeze or unfreeze a whole effect type for a tenant; True when something changed."""
-    if principal.role not in FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot freeze effect types.")
     with transaction.atomic():
         if frozen:
@@ -250,7 +257,7 @@ def effect_type_set_frozen(
 def principal_set_frozen(
     *, target: Principal, principal: Principal, frozen: bool, reason: str = ""
 ) -> Principal:
-    if principal.role not in FREEZER_ROLES:
+    if principal.role not in OPERATOR_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot freeze principals.")
     if target.tenant_id != principal.tenant_id:
         raise NotFound(f"No principal {target.name}.")

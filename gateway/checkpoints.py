@@ -219,9 +219,9 @@ def checkpoints_read(tenant_slug: str, *, limit: int | None = None) -> list[dict
 
 def load(source: str) -> list[dict[str, Any]]:
     """Checkpoints from a file (JSON lines, or one JSON object) or a JSON string."""
-    path = Path(source)
-    text = path.read_text(encoding="utf-8") if path.exists() else source
-    text = text.strip()
+    text = source.strip()
+    if not text.startswith(("{", "[")):
+        text = Path(source).read_text(encoding="utf-8").strip()
     if text.startswith("[") or (text.startswith("{") and "\n" not in text):
         value = json.loads(text)
         return value if isinstance(value, list) else [value]

@@ -79,6 +79,14 @@ class Role(models.TextChoices):
     ADMIN = "admin"
 
 
+# Who may do what, each group named once (services, selectors, the API and the console read
+# these). Operators freeze, reconcile, resolve, read clear payloads and saga inputs.
+SUBMITTER_ROLES = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
+APPROVER_ROLES = frozenset({Role.APPROVER, Role.ADMIN})
+OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+ADMIN_ROLES = frozenset({Role.ADMIN})
+
+
 class Outcome(models.TextChoices):
     """The adapter's one vocabulary for what a provider call proved."""
 

@@ -44,7 +44,7 @@ class ApprovalPolicy:
         actual = payload.get(self.field) if self.field else None
         if actual is None:
             return True  # a rule that cannot be evaluated errs on the side of a human
-        return _OPS[self.op](actual, self.value)
+        return _OPS[self.op or ""](actual, self.value)
 
     def as_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"mode": self.mode, "description": self.description}
@@ -158,6 +158,7 @@ class EffectContract:
 
 # --- JSON Schema building blocks -------------------------------------------------------------
 
+
 def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -270,263 +271,324 @@ def register(contract: EffectContract) -> EffectContract:
     return contract
 
 
-register(EffectContract(
-    type="billing.charge.create",
-    provider="billing",
-    effect_class=EffectClass.FINANCIAL_WRITE,
-    description="Charge a customer for an order.",
-    resource_type="order",
-    payload_schema=_schema(
-        {"amount": _AMOUNT, "currency": _CURRENCY, "customer_id": _ID, "description": _TEXT},
-        ["amount", "currency", "customer_id"],
-    ),
-    example={
-        "resource": _ORDER,
-        "payload": {"amount": 4999, "currency": "EUR", "customer_id": "cus_42"},
-    },
-    owner="billing-oncall",
-    commit_semantics="The charge exists once the provider returns its operation id.",
-    completion_semantics="captured",
-    approval=ApprovalPolicy(
-        "rule", "Charges over 5,000.00 need an approver.", "amount", ">", 500_000
-    ),
-    compensator="billing.refund.create",
-    compensation_window=timedelta(days=30),
-    irreversible_boundary="payout_settled",
-    compensation=_refund_charge,
-))
-
-register(EffectContract(
-    type="billing.refund.create",
-    provider="billing",
-    effect_class=EffectClass.FINANCIAL_WRITE,
-    description="Refund money to a customer against an order.",
-    resource_type="order",
-    payload_schema=_schema(
-        {"amount": _AMOUNT, "currency": _CURRENCY, "reason": _TEXT, "charge_id": _ID},
-        ["amount", "currency", "reason"],
-    ),
-    example={
-        "resource": _ORDER,
-        "payload": {"amount": 500, "currency": "EUR", "reason": "duplicate charge"},
-    },
-    owner="billing-oncall",
-    commit_semantics="The refund exists once the provider returns its operation id.",
-    completion_semantics="accepted",
-    approval=ApprovalPolicy(
-        "rule", "Refunds over 100.00 need an approver.", "amount", ">", 10_000
-    ),
-    irreversible=True,
-    automatic_compensation=False,
-))
-
-register(EffectContract(
-    type="inventory.reservation.create",
-    provider="inventory",
-    effect_class=EffectClass.EXTERNAL_WRITE,
-    description="Hold stock of one SKU for an order.",
-    resource_type="order",
-    payload_schema=_schema(
-        {"sku": _ID, "quantity": {"type": "integer", "minimum": 1, "maximum": 10_000},
-         "warehouse": _ID},
-        ["sku", "quantity"],
-    ),
-    example={"resource": _ORDER, "payload": {"sku": "SKU-RED-MUG", "quantity": 2}},
-    owner="fulfillment-oncall",
-    commit_semantics="Stock is held once the provider returns the reservation.",
-    completion_semantics="reserved",
-    compensator="inventory.reservation.release",
-    compensation_window=timedelta(days=7),
-    compensation=_release_reservation,
-))
-
-register(EffectContract(
-    type="inventory.reservation.release",
-    provider="inventory",
-    effect_class=EffectClass.IDEMPOTENT_WRITE,
-    description="Give back stock held by a reservation.",
-    resource_type="order",
-    payload_schema=_schema({"reservation_id": _ID, "reason": _TEXT}, ["reservation_id"]),
-    example={"resource": _ORDER, "payload": {"reservation_id": "res_123", "reason": "cancelled"}},
-    owner="fulfillment-oncall",
-    commit_semantics="Releasing twice is harmless; the stock comes back once.",
-    completion_semantics="released",
-))
-
-register(EffectContract(
-    type="shipment.create",
-    provider="shipping",
-    effect_class=EffectClass.EXTERNAL_WRITE,
-    description="Book a carrier shipment for an order.",
-    resource_type="order",
-    payload_schema=_schema(
-        {"address": _ADDRESS, "items": _ITEMS, "carrier": _ID}, ["address", "items"]
-    ),
-    example={
-        "resource": _ORDER,
-        "payload": {
-            "address": {"name": "Ada Lovelace", "line1": "12 St James's Square",
-                        "city": "London", "postal_code": "SW1Y 4JH", "country": "GB"},
-            "items": [{"sku": "SKU-RED-MUG", "quantity": 2}],
+register(
+    EffectContract(
+        type="billing.charge.create",
+        provider="billing",
+        effect_class=EffectClass.FINANCIAL_WRITE,
+        description="Charge a customer for an order.",
+        resource_type="order",
+        payload_schema=_schema(
+            {"amount": _AMOUNT, "currency": _CURRENCY, "customer_id": _ID, "description": _TEXT},
+            ["amount", "currency", "customer_id"],
+        ),
+        example={
+            "resource": _ORDER,
+            "payload": {"amount": 4999, "currency": "EUR", "customer_id": "cus_42"},
         },
-    },
-    owner="fulfillment-oncall",
-    commit_semantics="The shipment is booked once the provider returns its id.",
-    completion_semantics="booked",
-    compensator="shipment.cancel",
-    compensation_window=timedelta(hours=12),
-    irreversible_boundary="handed_to_carrier",
-    compensation=_cancel_shipment,
-    personal_fields=("address",),
-))
+        owner="billing-oncall",
+        commit_semantics="The charge exists once the provider returns its operation id.",
+        completion_semantics="captured",
+        approval=ApprovalPolicy(
+            "rule", "Charges over 5,000.00 need an approver.", "amount", ">", 500_000
+        ),
+        compensator="billing.refund.create",
+        compensation_window=timedelta(days=30),
+        irreversible_boundary="payout_settled",
+        compensation=_refund_charge,
+    )
+)
 
-register(EffectContract(
-    type="shipment.cancel",
-    provider="shipping",
-    effect_class=EffectClass.IDEMPOTENT_WRITE,
-    description="Cancel a booked shipment before the carrier collects it.",
-    resource_type="order",
-    payload_schema=_schema({"shipment_id": _ID, "reason": _TEXT}, ["shipment_id"]),
-    example={"resource": _ORDER, "payload": {"shipment_id": "shp_9", "reason": "order cancelled"}},
-    owner="fulfillment-oncall",
-    commit_semantics="Cancelling twice is harmless.",
-    completion_semantics="cancelled",
-))
+register(
+    EffectContract(
+        type="billing.refund.create",
+        provider="billing",
+        effect_class=EffectClass.FINANCIAL_WRITE,
+        description="Refund money to a customer against an order.",
+        resource_type="order",
+        payload_schema=_schema(
+            {"amount": _AMOUNT, "currency": _CURRENCY, "reason": _TEXT, "charge_id": _ID},
+            ["amount", "currency", "reason"],
+        ),
+        example={
+            "resource": _ORDER,
+            "payload": {"amount": 500, "currency": "EUR", "reason": "duplicate charge"},
+        },
+        owner="billing-oncall",
+        commit_semantics="The refund exists once the provider returns its operation id.",
+        completion_semantics="accepted",
+        approval=ApprovalPolicy(
+            "rule", "Refunds over 100.00 need an approver.", "amount", ">", 10_000
+        ),
+        irreversible=True,
+        automatic_compensation=False,
+    )
+)
+
+register(
+    EffectContract(
+        type="inventory.reservation.create",
+        provider="inventory",
+        effect_class=EffectClass.EXTERNAL_WRITE,
+        description="Hold stock of one SKU for an order.",
+        resource_type="order",
+        payload_schema=_schema(
+            {
+                "sku": _ID,
+                "quantity": {"type": "integer", "minimum": 1, "maximum": 10_000},
+                "warehouse": _ID,
+            },
+            ["sku", "quantity"],
+        ),
+        example={"resource": _ORDER, "payload": {"sku": "SKU-RED-MUG", "quantity": 2}},
+        owner="fulfillment-oncall",
+        commit_semantics="Stock is held once the provider returns the reservation.",
+        completion_semantics="reserved",
+        compensator="inventory.reservation.release",
+        compensation_window=timedelta(days=7),
+        compensation=_release_reservation,
+    )
+)
+
+register(
+    EffectContract(
+        type="inventory.reservation.release",
+        provider="inventory",
+        effect_class=EffectClass.IDEMPOTENT_WRITE,
+        description="Give back stock held by a reservation.",
+        resource_type="order",
+        payload_schema=_schema({"reservation_id": _ID, "reason": _TEXT}, ["reservation_id"]),
+        example={
+            "resource": _ORDER,
+            "payload": {"reservation_id": "res_123", "reason": "cancelled"},
+        },
+        owner="fulfillment-oncall",
+        commit_semantics="Releasing twice is harmless; the stock comes back once.",
+        completion_semantics="released",
+    )
+)
+
+register(
+    EffectContract(
+        type="shipment.create",
+        provider="shipping",
+        effect_class=EffectClass.EXTERNAL_WRITE,
+        description="Book a carrier shipment for an order.",
+        resource_type="order",
+        payload_schema=_schema(
+            {"address": _ADDRESS, "items": _ITEMS, "carrier": _ID}, ["address", "items"]
+        ),
+        example={
+            "resource": _ORDER,
+            "payload": {
+                "address": {
+                    "name": "Ada Lovelace",
+                    "line1": "12 St James's Square",
+                    "city": "London",
+                    "postal_code": "SW1Y 4JH",
+                    "country": "GB",
+                },
+                "items": [{"sku": "SKU-RED-MUG", "quantity": 2}],
+            },
+        },
+        owner="fulfillment-oncall",
+        commit_semantics="The shipment is booked once the provider returns its id.",
+        completion_semantics="booked",
+        compensator="shipment.cancel",
+        compensation_window=timedelta(hours=12),
+        irreversible_boundary="handed_to_carrier",
+        compensation=_cancel_shipment,
+        personal_fields=("address",),
+    )
+)
+
+register(
+    EffectContract(
+        type="shipment.cancel",
+        provider="shipping",
+        effect_class=EffectClass.IDEMPOTENT_WRITE,
+        description="Cancel a booked shipment before the carrier collects it.",
+        resource_type="order",
+        payload_schema=_schema({"shipment_id": _ID, "reason": _TEXT}, ["shipment_id"]),
+        example={
+            "resource": _ORDER,
+            "payload": {"shipment_id": "shp_9", "reason": "order cancelled"},
+        },
+        owner="fulfillment-oncall",
+        commit_semantics="Cancelling twice is harmless.",
+        completion_semantics="cancelled",
+    )
+)
 
 _SERVICE = {"type": "service", "id": "catalog", "version": 41}
 
-register(EffectContract(
-    type="deployment.release.promote",
-    provider="deploy",
-    effect_class=EffectClass.EXTERNAL_WRITE,
-    description="Promote a release (a commit SHA) of a service to an environment.",
-    resource_type="service",
-    resource_version_required=True,
-    payload_schema=_schema(
-        {"environment": _ENVIRONMENT, "sha": _SHA, "release": _ID, "previous_sha": _SHA},
-        ["environment", "sha", "release"],
-    ),
-    example={
-        "resource": _SERVICE,
-        "payload": {"environment": "staging", "sha": "a1b2c3d4e5f6", "release": "2026.11.29-1",
-                    "previous_sha": "0f9e8d7c6b5a"},
-    },
-    owner="release-eng",
-    commit_semantics="The rollout starts once accepted; the service revision then moves on.",
-    completion_semantics="rolled_out",
-    approval=ApprovalPolicy(
-        "rule", "Promotions to production need an approver.", "environment", "==", "production"
-    ),
-    compensator="deployment.release.rollback",
-    compensation_window=timedelta(hours=24),
-    compensation=_rollback_release,
-))
+register(
+    EffectContract(
+        type="deployment.release.promote",
+        provider="deploy",
+        effect_class=EffectClass.EXTERNAL_WRITE,
+        description="Promote a release (a commit SHA) of a service to an environment.",
+        resource_type="service",
+        resource_version_required=True,
+        payload_schema=_schema(
+            {"environment": _ENVIRONMENT, "sha": _SHA, "release": _ID, "previous_sha": _SHA},
+            ["environment", "sha", "release"],
+        ),
+        example={
+            "resource": _SERVICE,
+            "payload": {
+                "environment": "staging",
+                "sha": "a1b2c3d4e5f6",
+                "release": "2026.11.29-1",
+                "previous_sha": "0f9e8d7c6b5a",
+            },
+        },
+        owner="release-eng",
+        commit_semantics="The rollout starts once accepted; the service revision then moves on.",
+        completion_semantics="rolled_out",
+        approval=ApprovalPolicy(
+            "rule", "Promotions to production need an approver.", "environment", "==", "production"
+        ),
+        compensator="deployment.release.rollback",
+        compensation_window=timedelta(hours=24),
+        compensation=_rollback_release,
+    )
+)
 
-register(EffectContract(
-    type="deployment.release.rollback",
-    provider="deploy",
-    effect_class=EffectClass.EXTERNAL_WRITE,
-    description="Roll a service back to an earlier commit SHA.",
-    resource_type="service",
-    resource_version_required=True,
-    payload_schema=_schema(
-        {"environment": _ENVIRONMENT, "to_sha": _SHA, "reason": _TEXT},
-        ["environment", "to_sha"],
-    ),
-    example={
-        "resource": _SERVICE,
-        "payload": {"environment": "production", "to_sha": "0f9e8d7c6b5a",
-                    "reason": "error rate up after release"},
-    },
-    owner="release-eng",
-    commit_semantics="The rollback starts once accepted.",
-    completion_semantics="rolled_out",
-))
+register(
+    EffectContract(
+        type="deployment.release.rollback",
+        provider="deploy",
+        effect_class=EffectClass.EXTERNAL_WRITE,
+        description="Roll a service back to an earlier commit SHA.",
+        resource_type="service",
+        resource_version_required=True,
+        payload_schema=_schema(
+            {"environment": _ENVIRONMENT, "to_sha": _SHA, "reason": _TEXT},
+            ["environment", "to_sha"],
+        ),
+        example={
+            "resource": _SERVICE,
+            "payload": {
+                "environment": "production",
+                "to_sha": "0f9e8d7c6b5a",
+                "reason": "error rate up after release",
+            },
+        },
+        owner="release-eng",
+        commit_semantics="The rollback starts once accepted.",
+        completion_semantics="rolled_out",
+    )
+)
 
-register(EffectContract(
-    type="deployment.release.verify",
-    provider="deploy",
-    effect_class=EffectClass.IDEMPOTENT_WRITE,
-    description="Run the post-deploy checks of a release in one environment and record them.",
-    resource_type="service",
-    payload_schema=_schema(
-        {"environment": _ENVIRONMENT, "sha": _SHA,
-         "checks": {"type": "array", "items": _ID, "maxItems": 50}},
-        ["environment", "sha"],
-    ),
-    example={
-        "resource": {"type": "service", "id": "catalog"},
-        "payload": {"environment": "staging", "sha": "a1b2c3d4e5f6", "checks": ["smoke"]},
-    },
-    owner="release-eng",
-    commit_semantics="Recording a verification twice is harmless.",
-    completion_semantics="passed",
-))
+register(
+    EffectContract(
+        type="deployment.release.verify",
+        provider="deploy",
+        effect_class=EffectClass.IDEMPOTENT_WRITE,
+        description="Run the post-deploy checks of a release in one environment and record them.",
+        resource_type="service",
+        payload_schema=_schema(
+            {
+                "environment": _ENVIRONMENT,
+                "sha": _SHA,
+                "checks": {"type": "array", "items": _ID, "maxItems": 50},
+            },
+            ["environment", "sha"],
+        ),
+        example={
+            "resource": {"type": "service", "id": "catalog"},
+            "payload": {"environment": "staging", "sha": "a1b2c3d4e5f6", "checks": ["smoke"]},
+        },
+        owner="release-eng",
+        commit_semantics="Recording a verification twice is harmless.",
+        completion_semantics="passed",
+    )
+)
 
 _QUEUE = {"type": "queue", "id": "support"}
 
-register(EffectContract(
-    type="ticket.create",
-    provider="tickets",
-    effect_class=EffectClass.EXTERNAL_WRITE,
-    description="Open a ticket in a support or engineering queue.",
-    resource_type="queue",
-    payload_schema=_schema(
-        {"title": _TEXT, "priority": {"type": "string", "enum": ["P1", "P2", "P3", "P4"]},
-         "body": {"type": "string", "maxLength": 10_000}, "customer_id": _ID},
-        ["title", "priority"],
-    ),
-    example={"resource": _QUEUE, "payload": {"title": "Printer on fire", "priority": "P2"}},
-    owner="support-tools",
-    commit_semantics="The ticket exists once the provider returns its id.",
-    completion_semantics="open",
-    compensator="ticket.close",
-    compensation_window=timedelta(days=14),
-    compensation=_close_ticket,
-))
+register(
+    EffectContract(
+        type="ticket.create",
+        provider="tickets",
+        effect_class=EffectClass.EXTERNAL_WRITE,
+        description="Open a ticket in a support or engineering queue.",
+        resource_type="queue",
+        payload_schema=_schema(
+            {
+                "title": _TEXT,
+                "priority": {"type": "string", "enum": ["P1", "P2", "P3", "P4"]},
+                "body": {"type": "string", "maxLength": 10_000},
+                "customer_id": _ID,
+            },
+            ["title", "priority"],
+        ),
+        example={"resource": _QUEUE, "payload": {"title": "Printer on fire", "priority": "P2"}},
+        owner="support-tools",
+        commit_semantics="The ticket exists once the provider returns its id.",
+        completion_semantics="open",
+        compensator="ticket.close",
+        compensation_window=timedelta(days=14),
+        compensation=_close_ticket,
+    )
+)
 
-register(EffectContract(
-    type="ticket.close",
-    provider="tickets",
-    effect_class=EffectClass.IDEMPOTENT_WRITE,
-    description="Close a ticket with a resolution.",
-    resource_type="queue",
-    payload_schema=_schema({"ticket_id": _ID, "resolution": _TEXT}, ["ticket_id"]),
-    example={"resource": _QUEUE, "payload": {"ticket_id": "T-381", "resolution": "fixed"}},
-    owner="support-tools",
-    commit_semantics="Closing twice is harmless.",
-    completion_semantics="closed",
-))
+register(
+    EffectContract(
+        type="ticket.close",
+        provider="tickets",
+        effect_class=EffectClass.IDEMPOTENT_WRITE,
+        description="Close a ticket with a resolution.",
+        resource_type="queue",
+        payload_schema=_schema({"ticket_id": _ID, "resolution": _TEXT}, ["ticket_id"]),
+        example={"resource": _QUEUE, "payload": {"ticket_id": "T-381", "resolution": "fixed"}},
+        owner="support-tools",
+        commit_semantics="Closing twice is harmless.",
+        completion_semantics="closed",
+    )
+)
 
-register(EffectContract(
-    type="email.message.send",
-    provider="mail",
-    effect_class=EffectClass.EXTERNAL_WRITE,
-    description="Send an email to a customer. Irreversible: it can only be followed up.",
-    resource_type="customer",
-    payload_schema=_schema(
-        {"to": {"type": "string", "format": "email", "pattern": "^[^@\\s]+@[^@\\s]+$",
-                "maxLength": 254},
-         "subject": {"type": "string", "minLength": 1, "maxLength": 200},
-         "body": {"type": "string", "minLength": 1, "maxLength": 20_000},
-         "template": _ID},
-        ["to", "subject", "body"],
-    ),
-    example={
-        "resource": {"type": "customer", "id": "cus_42"},
-        "payload": {"to": "ada@example.com", "subject": "Your order has shipped",
-                    "body": "Your order ord_881 is on its way."},
-    },
-    owner="lifecycle-messaging",
-    commit_semantics="Once the provider accepts it the message may be delivered at any time.",
-    completion_semantics="sent",
-    compensator="email.message.send",
-    irreversible=True,
-    irreversible_boundary="sent",
-    automatic_compensation=False,
-    compensation=_correction_email,
-    personal_fields=("to", "body"),
-))
+register(
+    EffectContract(
+        type="email.message.send",
+        provider="mail",
+        effect_class=EffectClass.EXTERNAL_WRITE,
+        description="Send an email to a customer. Irreversible: it can only be followed up.",
+        resource_type="customer",
+        payload_schema=_schema(
+            {
+                "to": {
+                    "type": "string",
+                    "format": "email",
+                    "pattern": "^[^@\\s]+@[^@\\s]+$",
+                    "maxLength": 254,
+                },
+                "subject": {"type": "string", "minLength": 1, "maxLength": 200},
+                "body": {"type": "string", "minLength": 1, "maxLength": 20_000},
+                "template": _ID,
+            },
+            ["to", "subject", "body"],
+        ),
+        example={
+            "resource": {"type": "customer", "id": "cus_42"},
+            "payload": {
+                "to": "ada@example.com",
+                "subject": "Your order has shipped",
+                "body": "Your order ord_881 is on its way.",
+            },
+        },
+        owner="lifecycle-messaging",
+        commit_semantics="Once the provider accepts it the message may be delivered at any time.",
+        completion_semantics="sent",
+        compensator="email.message.send",
+        irreversible=True,
+        irreversible_boundary="sent",
+        automatic_compensation=False,
+        compensation=_correction_email,
+        personal_fields=("to", "body"),
+    )
+)
 
 
 def get_contract(effect_type: str) -> EffectContract | None:

@@ -6,6 +6,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from gateway.api.problems import json_problem_view
 
@@ -16,6 +17,14 @@ def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness: the process answers. Checks nothing else, so a database outage does not
     make a load balancer kill every web node at once."""
     return JsonResponse({"status": "ok"})
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """GET /metrics: the Prometheus exposition of this process's registry, including the
+    ledger gauges read from the database now (reconciliation registers their collector)."""
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
 @never_cache

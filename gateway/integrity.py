@@ -16,7 +16,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from gateway import audit
+from gateway import audit, hooks, ledger
 from gateway.choices import ApprovalState
 from gateway.lib.digest import payload_digest
 from gateway.lib.vault import InvalidToken, open_bound
@@ -59,36 +59,28 @@ def verified_payload(effect: Effect) -> tuple[dict[str, Any] | None, str]:
 
 
 def effect_refuse_tampered(*, effect: Effect, problem: str, actor: str) -> None:
-    """Freeze a tampered effect, flag the mismatch, open a case; nothing is sent.
+    """Freeze a tampered effect and flag the mismatch; nothing is sent.
 
     Runs inside the claim's transaction, before any fence moves, so no worker can have sent
-    it. A second worker holding the same message finds it frozen and does nothing.
+    it; a second worker holding the same message finds it frozen and does nothing. The flag
+    puts it in the owners' queue (the reconciler opens a mismatch case for every flagged
+    effect), and the ``mismatch_found`` listeners act as for any mismatch (a saga freezes).
     """
-    from gateway import services
-    from reconciliation.choices import CaseReason
-    from reconciliation.services import case_open
-
     logger.error("payload tampered", extra={"effect_id": effect.pk, "problem": problem})
     audit.lock_chain(effect.tenant_id)  # chain head before the row (gateway.audit)
     Effect.objects.filter(pk=effect.pk, frozen=False).update(
-        frozen=True,
-        mismatch=True,
-        next_dispatch_at=None,
-        updated_at=timezone.now(),
+        frozen=True, mismatch=True, next_dispatch_at=None, updated_at=timezone.now()
     )
     effect.frozen = effect.mismatch = True
-    services._event(
+    reason = f"{problem}; frozen, never sent"
+    ledger.append_event(
         effect,
         kind="payload_tampered",
         actor=actor,
         from_status=effect.status,
         to_status=effect.status,
-        reason=f"{problem}; frozen, never sent",
+        reason=reason,
+        data={"payload_digest": effect.command.payload_digest},
     )
-    case_open(
-        effect=effect,
-        reason=CaseReason.MISMATCH,
-        text=f"the stored payload is not the one approved: {problem}. It was never sent.",
-        actor=actor,
-        evidence={"problem": problem, "payload_digest": effect.command.payload_digest},
-    )
+    for listener in hooks.mismatch_found:
+        listener(effect, actor=actor, reason=reason)

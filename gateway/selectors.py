@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from gateway.choices import Role
+from gateway.choices import OPERATOR_ROLES
 from gateway.errors import NotFound
 from gateway.models import Effect, EffectEvent, Principal
 
-PAYLOAD_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 # Correlation ids on a command's context that ?context.<key>= filters on.
 CONTEXT_FILTERS = ("runtime", "session_id", "run_id", "call_id", "thread_id", "agent")
 
@@ -57,4 +56,4 @@ def effect_latest_receipt(effect: Effect):
 
 
 def may_see_payload(principal: Principal, effect: Effect) -> bool:
-    return principal.role in PAYLOAD_ROLES or effect.command.requested_by_id == principal.pk
+    return principal.role in OPERATOR_ROLES or effect.command.requested_by_id == principal.pk

@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gateway import audit, capabilities
-from gateway.checkpoints import receipt_seal
+from gateway import audit, capabilities, hooks, ledger
+from gateway.choices import APPROVER_ROLES as APPROVER_ROLES
 from gateway.choices import (
-    ALLOWED_TRANSITIONS,
     BEFORE_DISPATCH,
     DISPATCHABLE,
     OUTCOME_STATUS,
@@ -39,6 +36,8 @@ from gateway.choices import (
     Outcome,
     Role,
 )
+from gateway.choices import OPERATOR_ROLES as OPERATOR_ROLES
+from gateway.choices import SUBMITTER_ROLES as SUBMITTER_ROLES
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import (
     DigestMismatch,
@@ -53,196 +52,26 @@ from gateway.integrity import (
     payload_binding,
     verified_payload,
 )
+from gateway.ledger import MAX_KEY_LENGTH as MAX_KEY_LENGTH
+from gateway.ledger import REDACTED as REDACTED
+from gateway.ledger import redact as redact
 from gateway.lib import jsonin
-from gateway.lib.digest import payload_digest, sha256_digest
+from gateway.lib.digest import payload_digest
 from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import seal_bound
-from gateway.models import (
-    Attempt,
-    Command,
-    Effect,
-    EffectEvent,
-    Principal,
-    Receipt,
-    new_effect_id,
-)
+from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
-from gateway.webhooks.services import outbox_record
 
 logger = logging.getLogger(__name__)
 
 S = EffectStatus
-SUBMITTER_ROLES = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
-APPROVER_ROLES = frozenset({Role.APPROVER, Role.ADMIN})
-OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
-MAX_KEY_LENGTH = 255
 MAX_EXPIRES_IN = 7 * 24 * 3600
 DEFAULT_EXPIRES_IN = 3600
-REDACTED = "[redacted]"
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# --- events and the one compare-and-set ---------------------------------------------------
-
-
-def _event(
-    effect: Effect,
-    *,
-    kind: str,
-    actor: str,
-    reason: str = "",
-    from_status: str = "",
-    to_status: str = "",
-    principal: Principal | None = None,
-    data: dict[str, Any] | None = None,
-    now=None,
-) -> EffectEvent:
-    return audit.append(
-        EffectEvent(
-            tenant_id=effect.tenant_id,
-            effect=effect,
-            kind=kind,
-            from_status=from_status,
-            to_status=to_status,
-            actor=actor,
-            principal=principal,
-            reason=reason,
-            data=data or {},
-            created_at=now or timezone.now(),
-        )
-    )
-
-
-def _transition(
-    effect: Effect,
-    *,
-    to: str,
-    actor: str,
-    reason: str,
-    principal: Principal | None = None,
-    kind: str = "status",
-    expect_fence: int | None = None,
-    data: dict[str, Any] | None = None,
-    **fields: Any,
-) -> bool:
-    """Move ``effect`` from the status it was read with to ``to``, or do nothing.
-
-    Compare-and-set on the status read (and the fence, for workers): if another actor — a
-    second worker, the reconciler, an operator — changed the effect since it was read, the
-    update matches no row and the caller must re-read and decide again. Must run inside the
-    caller's transaction so that the event commits with the change.
-    """
-    if to not in ALLOWED_TRANSITIONS[effect.status]:
-        raise InvalidTransition(f"{effect.pk} cannot go from {effect.status} to {to}")
-    # Chain head first, then the row: the lock order that keeps two transitions of one
-    # tenant from deadlocking (see gateway.audit).
-    audit.lock_chain(effect.tenant_id)
-    now = timezone.now()
-    query = Effect.objects.filter(pk=effect.pk, status=effect.status)
-    if expect_fence is not None:
-        query = query.filter(fence=expect_fence)
-    changed = query.update(status=to, status_changed_at=now, updated_at=now, **fields)
-    if changed != 1:
-        return False
-    _event(
-        effect,
-        kind=kind,
-        actor=actor,
-        reason=reason,
-        from_status=effect.status,
-        to_status=to,
-        principal=principal,
-        data=data,
-        now=now,
-    )
-    from_status = effect.status
-    effect.status = to
-    for name, value in fields.items():
-        if not hasattr(value, "resolve_expression"):
-            setattr(effect, name, value)
-    logger.info(
-        "effect transition",
-        extra={"effect_id": effect.pk, "from": from_status, "to": to, "actor": actor},
-    )
-    _after_transition(effect, from_status=from_status, to=to)
-    return True
-
-
-# What a compensation's end means for the effect it compensates.
-_COMPENSATION_SETTLES = {
-    S.CONFIRMED: S.COMPENSATED,
-    S.REJECTED: S.COMPENSATION_FAILED,
-    S.EXPIRED: S.COMPENSATION_FAILED,
-    S.CANCELLED: S.COMPENSATION_FAILED,
-}
-
-
-def _after_transition(effect: Effect, *, from_status: str, to: str) -> None:
-    """Consequences of a status change that belong to the same transaction: the original of
-    a compensation settles, and the saga (if any) is told after commit."""
-    command = effect.command
-    # The webhook outbox row commits (or rolls back) with the status change it announces.
-    outbox_record(effect, to_status=to)
-    if to in (S.CANCELLED, S.EXPIRED) or (to == S.REJECTED and from_status in BEFORE_DISPATCH):
-        # Never sent: its share of the grant's budget goes back.
-        capabilities.capability_release(command)
-    if command.compensates_id and to in _COMPENSATION_SETTLES:
-        original = Effect.objects.select_related("command").get(pk=command.compensates_id)
-        if original.status == S.COMPENSATING:
-            outcome = _COMPENSATION_SETTLES[to]
-            _transition(
-                original,
-                to=outcome,
-                actor="gateway",
-                kind="compensation_settled",
-                reason=f"compensation {effect.pk} ended {to}",
-                data={"compensation": effect.pk},
-            )
-    if command.saga_id:
-        _notify_saga(command.saga_id)
-
-
-def _saga_blocks_dispatch(saga_id: str) -> bool:
-    try:
-        from sagas.selectors import saga_blocks_dispatch
-    except ImportError:  # the sagas app is optional for the ledger
-        return False
-    return saga_blocks_dispatch(saga_id)
-
-
-def _exclude_frozen_sagas(query):
-    """Effects of a frozen saga wait where they are: sending them to a worker that will
-    refuse them every sweep is noise."""
-    try:
-        from sagas.models import SagaRun
-    except ImportError:  # the sagas app is optional for the ledger
-        return query
-    return query.exclude(command__saga_id__in=SagaRun.objects.filter(frozen=True).values("pk"))
-
-
-def _notify_saga(saga_id: str) -> None:
-    try:
-        from sagas.tasks import advance_saga
-    except ImportError:  # the sagas app is optional for the ledger
-        return
-    transaction.on_commit(partial(advance_saga.delay, saga_id))
-
-
-def _enqueue_dispatch(effect_id: str) -> None:
-    from gateway.tasks import dispatch_effect
-
-    # After commit: a worker must never pick up an effect whose row it cannot see yet.
-    transaction.on_commit(partial(dispatch_effect.delay, effect_id))
-
-
-def _backoff(base: float, attempt: int, *, cap: float = 300.0) -> timedelta:
-    """Exponential backoff with full jitter on the upper half: base·2^(attempt-1), capped."""
-    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
-    return timedelta(seconds=random.uniform(ceiling / 2, ceiling))
 
 
 # --- submission -----------------------------------------------------------------------------
@@ -311,13 +140,6 @@ def _validate_submission(
     return errors
 
 
-def redact(payload: dict[str, Any], contract: EffectContract) -> dict[str, Any]:
-    return {
-        name: REDACTED if name in contract.personal_fields else value
-        for name, value in payload.items()
-    }
-
-
 def command_submit(
     *,
     principal: Principal,
@@ -338,16 +160,7 @@ def command_submit(
     callers race: they collide on the (tenant, key) unique index, not on a prior SELECT.
     Same key + another digest raises IdempotencyKeyMismatch. Nothing is written otherwise.
     """
-    if not isinstance(idempotency_key, str) or not idempotency_key.strip():
-        raise ValidationProblem(
-            "The Idempotency-Key header is required: a stable business key for this command.",
-            errors={"Idempotency-Key": ["required"]},
-        )
-    if len(idempotency_key) > MAX_KEY_LENGTH or not idempotency_key.isprintable():
-        raise ValidationProblem(
-            "The Idempotency-Key is not valid.",
-            errors={"Idempotency-Key": [f"at most {MAX_KEY_LENGTH} printable characters"]},
-        )
+    ledger.validate_idempotency_key(idempotency_key, what="command")
     contract = get_contract(type) if isinstance(type, str) else None
     errors = _validate_submission(
         contract=contract,
@@ -428,7 +241,7 @@ def command_submit(
                 created_at=now,
                 updated_at=now,
             )
-            _event(
+            ledger.append_event(
                 effect,
                 kind="submitted",
                 actor=principal.label,
@@ -441,7 +254,7 @@ def command_submit(
                 data={"idempotency_key": idempotency_key, "payload_digest": digest},
             )
             if not needs_approval:
-                _enqueue_dispatch(effect.pk)
+                ledger.enqueue_dispatch(effect.pk)
     except IntegrityError:
         # Another request with this key committed first: it is the one effect for the key.
         existing = _existing_command(principal, idempotency_key, digest)
@@ -477,20 +290,13 @@ def command_payload(command: Command) -> dict[str, Any]:
 # --- human actions ----------------------------------------------------------------------------
 
 
-def _require_role(principal: Principal, roles: frozenset[str], action: str) -> None:
-    if principal.role not in roles:
-        raise NotPermitted(f"A principal with role {principal.role} cannot {action}.")
-    if principal.frozen:
-        raise NotPermitted(f"Principal {principal.name} is frozen.")
-
-
 def effect_cancel(*, effect: Effect, principal: Principal, reason: str = "") -> Effect:
     """Cancel before dispatch: by the requester or an operator."""
     is_requester = effect.command.requested_by_id == principal.pk
     if not is_requester:
-        _require_role(principal, OPERATOR_ROLES, "cancel another principal's command")
+        ledger.require_role(principal, OPERATOR_ROLES, "cancel another principal's command")
     with transaction.atomic():
-        if effect.status not in BEFORE_DISPATCH or not _transition(
+        if effect.status not in BEFORE_DISPATCH or not ledger.transition(
             effect,
             to=S.CANCELLED,
             actor=principal.label,
@@ -514,7 +320,7 @@ def effect_approve(
     *, effect: Effect, principal: Principal, payload_digest: str, comment: str = ""
 ) -> Effect:
     """Approve exactly the digest the approver read; never the requester, never an agent."""
-    _require_role(principal, APPROVER_ROLES, "approve commands")
+    ledger.require_role(principal, APPROVER_ROLES, "approve commands")
     if effect.command.requested_by_id == principal.pk:
         raise NotPermitted("The requester of a command cannot approve it.")
     if payload_digest != effect.command.payload_digest:
@@ -525,7 +331,7 @@ def effect_approve(
         )
     now = timezone.now()
     with transaction.atomic():
-        if effect.status != S.AWAITING_APPROVAL or not _transition(
+        if effect.status != S.AWAITING_APPROVAL or not ledger.transition(
             effect,
             to=S.PREPARED,
             actor=principal.label,
@@ -541,14 +347,14 @@ def effect_approve(
         ):
             effect.refresh_from_db()
             raise _not_awaiting_approval(effect)
-        _enqueue_dispatch(effect.pk)
+        ledger.enqueue_dispatch(effect.pk)
     return effect
 
 
 def effect_reject(*, effect: Effect, principal: Principal, reason: str = "") -> Effect:
-    _require_role(principal, APPROVER_ROLES, "reject commands")
+    ledger.require_role(principal, APPROVER_ROLES, "reject commands")
     with transaction.atomic():
-        if effect.status != S.AWAITING_APPROVAL or not _transition(
+        if effect.status != S.AWAITING_APPROVAL or not ledger.transition(
             effect,
             to=S.REJECTED,
             actor=principal.label,
@@ -566,14 +372,14 @@ def effect_set_frozen(
     *, effect: Effect, principal: Principal, frozen: bool, reason: str = ""
 ) -> Effect:
     """Freeze (nothing is dispatched) or unfreeze an effect; recorded either way."""
-    _require_role(principal, OPERATOR_ROLES, "freeze effects")
+    ledger.require_role(principal, OPERATOR_ROLES, "freeze effects")
     with transaction.atomic():
         audit.lock_chain(effect.tenant_id)
         changed = Effect.objects.filter(pk=effect.pk, frozen=not frozen).update(
             frozen=frozen, updated_at=timezone.now()
         )
         if changed:
-            _event(
+            ledger.append_event(
                 effect,
                 kind="frozen" if frozen else "unfrozen",
                 actor=principal.label,
@@ -584,7 +390,7 @@ def effect_set_frozen(
             )
             effect.frozen = frozen
             if not frozen and effect.status in DISPATCHABLE:
-                _enqueue_dispatch(effect.pk)
+                ledger.enqueue_dispatch(effect.pk)
     return effect
 
 
@@ -647,7 +453,7 @@ def effect_compensate(
             saga_id=effect.command.saga_id,
             saga_step=effect.command.saga_step and f"{effect.command.saga_step}:compensation",
         )
-        if not _transition(
+        if not ledger.transition(
             effect,
             to=S.COMPENSATING,
             actor=principal.label,
@@ -676,7 +482,7 @@ class Claim:
 
 def effect_expire(*, effect: Effect, actor: str) -> bool:
     """An expired command is never sent: EXPIRED, with the reason."""
-    return _transition(
+    return ledger.transition(
         effect,
         to=S.EXPIRED,
         actor=actor,
@@ -700,8 +506,8 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         effect = Effect.objects.select_related("command__requested_by").filter(pk=effect_id).first()
         if effect is None or effect.status not in DISPATCHABLE or effect.frozen:
             return None
-        if effect.command.saga_id and _saga_blocks_dispatch(effect.command.saga_id):
-            return None  # its saga is frozen: nothing of it is sent
+        if any(hold.holds(effect) for hold in hooks.dispatch_holds):
+            return None  # e.g. its saga is frozen: nothing of it is sent
         if effect.command.expires_at <= now:
             effect_expire(effect=effect, actor=f"worker:{worker}")
             return None
@@ -709,7 +515,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         if blocker is not None:
             reason, final = blocker
             if final:
-                _transition(
+                ledger.transition(
                     effect,
                     to=S.REJECTED,
                     actor=f"worker:{worker}",
@@ -719,7 +525,8 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
                 )
             return None
         if _approval_expired(effect, now):
-            _transition(
+            assert effect.approved_at is not None  # _approval_expired says it was approved
+            ledger.transition(
                 effect,
                 to=S.AWAITING_APPROVAL,
                 actor=f"worker:{worker}",
@@ -739,23 +546,21 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         if effect.attempt_count >= budget:
             if effect.next_dispatch_at is not None:
                 audit.lock_chain(effect.tenant_id)  # chain head before the row
-                Effect.objects.filter(pk=effect.pk, status=effect.status).update(
-                    next_dispatch_at=None, escalated=True, updated_at=now
-                )
-                _event(
+                ledger.annotate(
                     effect,
+                    expect_status=effect.status,
+                    fields={"next_dispatch_at": None, "escalated": True},
                     kind="retry_budget_exhausted",
                     actor=f"worker:{worker}",
-                    from_status=effect.status,
-                    to_status=effect.status,
                     reason=f"{effect.attempt_count} attempts, none reached the provider",
+                    now=now,
                 )
             return None
         fence = effect.fence + 1
         number = effect.attempt_count + 1
         # Compare-and-set on status and fence against a second worker holding the same
         # message (a redelivery, or the sweeper's copy): only one of them moves the fence.
-        if not _transition(
+        if not ledger.transition(
             effect,
             to=S.DISPATCHING,
             actor=f"worker:{worker}",
@@ -786,30 +591,6 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
     )
 
 
-def _receipt(
-    effect: Effect, result: CallResult, *, source: str, attempt_id: int | None, now
-) -> Receipt | None:
-    operation = result.operation
-    if operation is None:
-        return None
-    receipt = Receipt(
-        effect=effect,
-        attempt_id=attempt_id,
-        source=source,
-        provider=effect.command.provider,
-        provider_operation_id=operation.id,
-        provider_status=operation.status,
-        payload_digest=operation.payload_digest,
-        digest_matches=operation.payload_digest == effect.command.payload_digest,
-        result=operation.result,
-        result_digest=sha256_digest(operation.result),
-        received_at=now,
-    )
-    receipt.seal = receipt_seal(receipt)  # verify_audit reports an edited receipt
-    receipt.save(force_insert=True)
-    return receipt
-
-
 def outcome_fields(effect: Effect, result: CallResult, *, now) -> dict[str, Any]:
     """Bookkeeping that goes with the status an outcome leads to."""
     status = OUTCOME_STATUS[result.outcome]
@@ -821,11 +602,11 @@ def outcome_fields(effect: Effect, result: CallResult, *, now) -> dict[str, Any]
     if status == S.CONFIRMED:
         fields["confirmed_at"] = now
     if status == S.NOT_STARTED:
-        fields["next_dispatch_at"] = now + _backoff(
+        fields["next_dispatch_at"] = now + ledger.backoff(
             settings.GATEWAY_RETRY_BACKOFF, effect.attempt_count
         )
     elif status in (S.UNKNOWN, S.IN_PROGRESS) and not result.mismatch:
-        fields["next_check_at"] = now + _backoff(
+        fields["next_check_at"] = now + ledger.backoff(
             settings.GATEWAY_RECONCILE_BACKOFF, effect.check_count + 1
         )
     return fields
@@ -862,7 +643,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
         if (
             effect.status != S.DISPATCHING
             or effect.fence != claim.fence
-            or not _transition(
+            or not ledger.transition(
                 effect,
                 to=status,
                 actor=f"worker:{worker}",
@@ -877,7 +658,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
                 state=AttemptState.STALE, **attempt_fields
             )
             effect.refresh_from_db()
-            _event(
+            ledger.append_event(
                 effect,
                 kind="stale_write_refused",
                 actor=f"worker:{worker}",
@@ -897,7 +678,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
         Attempt.objects.filter(pk=claim.attempt_id).update(
             state=AttemptState.FINISHED, **attempt_fields
         )
-        _receipt(
+        ledger.record_receipt(
             effect, result, source=Receipt.Source.DISPATCH, attempt_id=claim.attempt_id, now=now
         )
     return effect
@@ -1005,12 +786,17 @@ def dispatch_sweep(*, limit: int = 500) -> int:
     )[:limit]:
         with transaction.atomic():
             expired += effect_expire(effect=effect, actor="sweeper")
+    waiting = Effect.objects.filter(
+        status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False
+    )
+    # Effects held (a frozen saga) wait where they are: sending them to a worker that will
+    # refuse them every sweep is noise.
+    for hold in hooks.dispatch_holds:
+        waiting = hold.exclude(waiting)
     due = list(
-        _exclude_frozen_sagas(
-            Effect.objects.filter(status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False)
-        )
-        .order_by("next_dispatch_at")
-        .values_list("pk", "next_dispatch_at", "status_changed_at")[:limit]
+        waiting.order_by("next_dispatch_at").values_list(
+            "pk", "next_dispatch_at", "status_changed_at"
+        )[:limit]
     )
     sent = 0
     for effect_id, was_due, waiting_since in due:

@@ -140,5 +140,8 @@ def token_find(*, prefix: str, tenant_slug: str | None = None) -> ApiToken:
     if not matches:
         raise NotFound(f"No token with prefix {prefix}.")
     if len(matches) > 1:
-        raise ValidationProblem(f"Several tokens start with {prefix}: name the tenant.")
+        raise ValidationProblem(
+            f"Several tokens start with {prefix}: name the tenant.",
+            errors={"tenant": ["required: the prefix is ambiguous"]},
+        )
     return matches[0]

@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
@@ -6,8 +8,20 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gateway import health
+from gateway.console import urls as console_urls
 from gateway.metrics_access import metrics_guard
-from reconciliation import views as reconciliation_views
+from reconciliation import urls as reconciliation_urls
+from sagas import urls as sagas_urls
+
+SECURE_CSP: dict[str, Any] = settings.SECURE_CSP
+
+# The console: each app's pages, composed under one namespace so that every
+# ``{% url 'console:…' %}`` names a page whichever app serves it.
+console = [
+    *console_urls.urlpatterns,
+    *reconciliation_urls.console_urlpatterns,
+    *sagas_urls.console_urlpatterns,
+]
 
 urlpatterns = [
     path("api/v1/", include("gateway.api.urls")),
@@ -17,17 +31,17 @@ urlpatterns = [
     path(
         "api/docs/",
         # Swagger UI's script is served as a file (split view); it styles elements inline.
-        csp_override({**settings.SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]})(
+        csp_override({**SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]})(
             SpectacularSwaggerSplitView.as_view(url_name="schema")
         ),
         name="api-docs",
     ),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("metrics", metrics_guard(reconciliation_views.metrics), name="metrics"),
+    path("metrics", metrics_guard(health.metrics), name="metrics"),
     path("admin/", admin.site.urls),
-    path("", include("reconciliation.urls")),
-    path("", include("gateway.console_urls")),
+    path("", include(reconciliation_urls)),
+    path("", include((console, "console"))),
 ]
 
 handler404 = "gateway.health.handler404"

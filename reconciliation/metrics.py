@@ -90,20 +90,20 @@ class LedgerCollector(Collector):
             status__in=sorted(TO_RECONCILE), next_check_at__lte=now
         ).aggregate(at=Min("next_check_at"))["at"]
         lag.add_metric([], (now - first_due).total_seconds() if first_due else 0.0)
-        for row in (
+        for flagged in (
             Effect.objects.filter(Q(escalated=True) | Q(mismatch=True))
             .values("owner")
             .annotate(n=Count("pk"))
             .order_by()
         ):
-            escalated.add_metric([row["owner"]], row["n"])
-        for row in (
+            escalated.add_metric([flagged["owner"]], flagged["n"])
+        for unresolved in (
             Case.objects.filter(state__in=sorted(UNRESOLVED))
             .values("reason")
             .annotate(n=Count("pk"))
             .order_by()
         ):
-            cases.add_metric([row["reason"]], row["n"])
+            cases.add_metric([unresolved["reason"]], unresolved["n"])
         orphans.add_metric([], OrphanReceipt.objects.filter(state=OrphanState.OPEN).count())
         yield from (effects, oldest, lag, escalated, cases, orphans)
 

@@ -1,9 +1,16 @@
-"""Routes outside the agents' API: providers' webhooks and the Prometheus scrape."""
+"""Routes of reconciliation: providers' webhooks (``urlpatterns``, at the site root) and the
+human queue (``console_urlpatterns``, composed under the ``console:`` namespace by
+gateway.urls)."""
 
-from django.urls import path
+from django.urls import URLPattern, path
 
 from reconciliation import views
 
-urlpatterns = [
+urlpatterns: list[URLPattern] = [
     path("hooks/providers/<str:name>", views.provider_webhook, name="provider-webhook"),
+]
+
+console_urlpatterns: list[URLPattern] = [
+    path("cases", views.cases, name="cases"),
+    path("cases/<str:case_id>/<slug:action>", views.case_action, name="case-action"),
 ]

@@ -10,15 +10,13 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from gateway.choices import Role
+from gateway.choices import OPERATOR_ROLES
 from gateway.errors import NotFound
 from gateway.lib.vault import open_json
 from gateway.models import Effect, Principal, Receipt
 from sagas.choices import STEP_HAPPENED, STEP_IN_FLIGHT, TaskState
 from sagas.definitions import CompensationSpec, SagaDefinition, Step, get_definition
 from sagas.models import SagaEvent, SagaRun, SagaStep, SagaTask
-
-INPUT_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 
 
 def saga_blocks_dispatch(saga_id: str) -> bool:
@@ -97,7 +95,7 @@ def saga_task_get(*, principal: Principal, task_id: str) -> SagaTask:
 
 
 def may_see_inputs(principal: Principal, run: SagaRun) -> bool:
-    return principal.role in INPUT_ROLES or run.requested_by_id == principal.pk
+    return principal.role in OPERATOR_ROLES or run.requested_by_id == principal.pk
 
 
 def saga_inputs(run: SagaRun) -> dict[str, Any]:
@@ -173,13 +171,13 @@ def saga_step_views(run: SagaRun, definition: SagaDefinition | None = None) -> l
     views = []
     for index, step in enumerate(definition.steps):
         issued = by_name.get(step.name, [])
-        record = issued[-1] if issued else None
-        effect = record.effect if record else None
+        last: SagaStep | None = issued[-1] if issued else None
+        effect = last.effect if last else None
         views.append(
             StepView(
                 index=index,
                 step=step,
-                record=record,
+                record=last,
                 earlier=issued[:-1],
                 receipt=receipts.get(effect.pk) if effect else None,
                 compensation_effect=(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import re2
+import re2  # type: ignore[import-untyped]
 
 
 class PatternError(ValueError):

@@ -7,7 +7,7 @@ go in ``errors``. The mapping is glue, so it is written here rather than pulled 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
@@ -99,8 +99,10 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     else:
         detail = str(exc.detail)
     headers = {}
-    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        headers["Retry-After"] = str(int(exc.wait) + 1)
+    # DRF sets Throttled.wait in __init__; its stubs do not declare it.
+    wait = cast(Any, exc).wait if isinstance(exc, exceptions.Throttled) else None
+    if wait is not None:
+        headers["Retry-After"] = str(int(wait) + 1)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         headers["WWW-Authenticate"] = "Bearer"
     return problem_response(

@@ -11,6 +11,10 @@ from gateway.contracts import get_contract
 from gateway.models import Capability, Effect, EffectEvent
 from gateway.services import command_payload
 
+# NOTE: a few fields are named like attributes of DRF's Field (``context``, ``required``,
+# ``source``); DRF's stubs type those attributes, so mypy sees a clash that DRF itself resolves
+# (declared fields are collected by the serializer's metaclass).
+
 
 class CommandSubmitSerializer(serializers.Serializer):
     type = serializers.CharField(max_length=100)
@@ -19,7 +23,7 @@ class CommandSubmitSerializer(serializers.Serializer):
     intent = serializers.JSONField(
         required=False, help_text='{"summary": "…", "task_id": "…", "plan_revision": 1}'
     )
-    context = serializers.JSONField(
+    context = serializers.JSONField(  # type: ignore[assignment]  # see NOTE
         required=False,
         help_text="Correlation: runtime, session_id, run_id, call_id, thread_id, agent.",
     )
@@ -38,7 +42,7 @@ class ReasonSerializer(serializers.Serializer):
 
 
 class ApprovalSerializer(serializers.Serializer):
-    required = serializers.BooleanField()
+    required = serializers.BooleanField()  # type: ignore[assignment]  # see NOTE
     state = serializers.CharField()
     approved_by = serializers.CharField(allow_null=True)
     approved_digest = serializers.CharField(allow_null=True)
@@ -52,7 +56,7 @@ class ReceiptSerializer(serializers.Serializer):
     payload_digest = serializers.CharField()
     digest_matches = serializers.BooleanField()
     result_digest = serializers.CharField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]  # see NOTE
     received_at = serializers.DateTimeField()
 
 
@@ -77,7 +81,7 @@ class EffectSerializer(serializers.ModelSerializer):
     payload_digest = serializers.CharField(source="command.payload_digest")
     resource = serializers.JSONField(source="command.resource")
     intent = serializers.JSONField(source="command.intent")
-    context = serializers.JSONField(source="command.context")
+    context = serializers.JSONField(source="command.context")  # type: ignore[assignment]  # see NOTE
     provider = serializers.CharField(source="command.provider")
     requested_by = serializers.CharField(source="command.requested_by.name")
     attempts = serializers.IntegerField(source="attempt_count")

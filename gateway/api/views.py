@@ -30,7 +30,7 @@ from gateway.api.serializers import (
     ReasonSerializer,
 )
 from gateway.api.waits import wait_slot
-from gateway.choices import EffectStatus
+from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, EffectStatus
 from gateway.contracts import CONTRACTS
 from gateway.errors import NotFound, NotPermitted, ValidationProblem
 from gateway.models import Capability, Effect, Principal
@@ -298,7 +298,7 @@ class CapabilityViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         principal = principal_of(self.request)
-        if principal.role not in capabilities.FREEZER_ROLES:
+        if principal.role not in OPERATOR_ROLES:
             raise NotPermitted(f"A principal with role {principal.role} cannot list grants.")
         return Capability.objects.filter(tenant_id=principal.tenant_id).select_related("principal")
 
@@ -311,7 +311,7 @@ class CapabilityViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=CapabilityGrantSerializer, responses={201: CapabilitySerializer})
     def create(self, request):
         principal = principal_of(request)
-        if principal.role not in capabilities.GRANTOR_ROLES:
+        if principal.role not in ADMIN_ROLES:
             raise NotPermitted("Only an admin grants capabilities.")
         body = valid_body(CapabilityGrantSerializer, request)
         target = Principal.objects.filter(

@@ -1,15 +1,14 @@
 """Display helpers of the operator console: status badges, money, durations, JSON, digests,
-and the nav's counts.
+and the nav's count of approvals (reconciliation and sagas have their own tag libraries).
 
-Formatting lives here so that the views and the templates format one way; the only queries
-are the nav's badges (one count each).
+Formatting lives here so that the views and the templates format one way; the only query is
+the nav's approvals badge (one count).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from importlib import import_module
 from typing import Any
 
 from django import template
@@ -133,6 +132,15 @@ def approvals_badge(context, oob: bool = False) -> str:
 
 
 @register.filter
+def as_options(values: Any) -> list[tuple[Any, Any]]:
+    """``(value, label)`` pairs for ``partials/filter_select.html``: a mapping's items, or each
+    value as its own label."""
+    if isinstance(values, dict):
+        return list(values.items())
+    return [(value, value) for value in values]
+
+
+@register.filter
 def span(delta: timedelta | None) -> str:
     """A declared length of time: ``30 d``, ``12 h``."""
     if delta is None:
@@ -151,59 +159,9 @@ def took(attempt: Any) -> str:
     return f"{(finished - started).total_seconds():.2f} s"
 
 
-@register.simple_tag(takes_context=True)
-def cases_badge(context, oob: bool = False) -> str:
-    """The nav's count of the tenant's unresolved reconciliation cases (open or taken), swapped
-    out of band after an action that may take or settle one. Empty without reconciliation."""
-    request = context.get("request")
-    principal = getattr(request, "principal", None)
-    if principal is None:
-        return ""
-    try:
-        from reconciliation.choices import UNRESOLVED
-        from reconciliation.models import Case
-    except ImportError:
-        return ""
-    # Served by the partial index case_queue (tenant, opened_at) of unresolved cases.
-    waiting = Case.objects.filter(
-        tenant_id=principal.tenant_id, state__in=sorted(UNRESOLVED)
-    ).count()
-    return format_html(
-        '<span id="cases-badge" class="count{}"{}>{}<span class="visually-hidden">'
-        " unresolved</span></span>",
-        " count-zero" if not waiting else "",
-        mark_safe(' hx-swap-oob="true"') if oob else "",
-        waiting,
-    )
-
-
-@register.simple_tag
-def console_has(app: str) -> bool:
-    """Whether an optional app (``reconciliation``, ``sagas``) can serve the console: its
-    selectors import. The nav hides the pages of an app that is not there."""
-    try:
-        import_module(f"{app}.selectors")
-    except ImportError:
-        return False
-    return True
-
-
 @register.filter
 def may_control(principal: Any) -> bool:
     """Whether the principal may open the controls page (the roles that freeze)."""
-    from gateway.capabilities import FREEZER_ROLES
+    from gateway.choices import OPERATOR_ROLES
 
-    return getattr(principal, "role", None) in FREEZER_ROLES
-
-
-@register.simple_tag
-def saga_badge(state: str) -> str:
-    """A saga run's state with its tone from ``sagas.choices.STATE_TONE``."""
-    try:
-        from sagas.choices import STATE_TONE, SagaState
-    except ImportError:
-        tone, label = "neutral", state
-    else:
-        tone = STATE_TONE.get(state, "neutral")
-        label = SagaState(state).label if state in SagaState.values else state
-    return format_html('<span class="badge tone-{}" data-state="{}">{}</span>', tone, state, label)
+    return getattr(principal, "role", None) in OPERATOR_ROLES

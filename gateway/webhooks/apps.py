@@ -1,9 +1,22 @@
 from django.apps import AppConfig
 
 
+def announce_transition(effect, *, from_status: str, to: str) -> None:
+    """``hooks.after_transition`` listener: the outbox rows of a status change commit (or roll
+    back) with it."""
+    from gateway.webhooks.services import outbox_record
+
+    outbox_record(effect, to_status=to)
+
+
 class WebhooksConfig(AppConfig):
     """Outgoing webhooks: signed notices of effect changes, from an outbox, at least once."""
 
     name = "gateway.webhooks"
     label = "webhooks"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from gateway import hooks
+
+        hooks.after_transition.register(announce_transition)

@@ -49,7 +49,7 @@ class OldestFirst(CursorPagination):
     max_page_size = 500
 
 
-def _saga_response(request: Request, run: SagaRun, code: int = 200, **headers) -> Response:
+def _saga_response(request: Request, run: SagaRun, code: int = 200, **headers: str) -> Response:
     principal = principal_of(request)
     fresh = selectors.saga_get(principal=principal, saga_id=run.pk)
     body = SagaSerializer(fresh, context={"principal": principal}).data
@@ -131,7 +131,7 @@ class SagaViewSet(viewsets.ReadOnlyModelViewSet):
         )
         if start.created:
             return _saga_response(request, start.run, http.HTTP_201_CREATED)
-        return _saga_response(request, start.run, **{"Idempotent-Replayed": "true"})
+        return _saga_response(request, start.run, 200, **{"Idempotent-Replayed": "true"})
 
     @extend_schema(responses=SagaEventSerializer(many=True))
     @action(detail=True, methods=["get"])

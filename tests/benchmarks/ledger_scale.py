@@ -56,7 +56,7 @@ def main() -> int:
     deep_cursor = newest.values_list("command_id", flat=True)[total // 2]
     from datetime import timedelta
 
-    from gateway.views import effects_for_triage
+    from gateway.console.selectors import effects_for_triage
 
     queries = {
         "API list, newest first, page 1": newest[:50],

@@ -69,7 +69,7 @@ def fast_passwords(settings):
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch):
     """Submissions and approvals enqueue a dispatch after commit: no broker in these tests."""
-    monkeypatch.setattr(services, "_enqueue_dispatch", lambda effect_id: None)
+    monkeypatch.setattr("gateway.ledger.enqueue_dispatch", lambda effect_id: None)
 
 
 @dataclass

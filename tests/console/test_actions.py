@@ -8,7 +8,6 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from gateway import views
 from gateway.models import Effect, EffectEvent
 from tests.console.conftest import BIG_REFUND, REFUND, TICKET, add_receipt, set_state, submit
 
@@ -208,15 +207,6 @@ def test_reconcile_now_asks_the_provider(oscar, bot, sandbox):
     assert effect.status == "NOT_STARTED"
     html = response.content.decode()
     assert "Asked the provider" in html and "Reconciliation" in html
-
-
-def test_reconciliation_buttons_hide_while_the_app_is_missing(oscar, bot, monkeypatch):
-    effect = set_state(submit(bot.principal, REFUND), status="UNKNOWN")
-    monkeypatch.setattr(views, "_reconciliation_service", lambda name: None)
-    assert not {"reconcile", "resolve"} & buttons(oscar, effect)
-    response = action(oscar, effect, "reconcile")
-    assert response.status_code == 404
-    assert "not available" in response.content.decode()
 
 
 def test_resolve_with_evidence(oscar, bot):

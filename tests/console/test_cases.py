@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from gateway import views
 from gateway.models import EffectEvent
+from reconciliation import views
 from tests.console.conftest import (
     REFUND,
     SHIPMENT,

@@ -7,7 +7,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from gateway import selectors, views
+from gateway import selectors
+from gateway.console.selectors import CORRELATION_KEYS
 from tests.console.conftest import REFUND, TICKET, set_state, submit
 
 CLAUDE = {
@@ -42,7 +43,7 @@ def runs(bot):
 
 
 def test_the_console_filters_on_the_apis_context_keys():
-    assert set(views.CORRELATION_KEYS) == set(selectors.CONTEXT_FILTERS)
+    assert set(CORRELATION_KEYS) == set(selectors.CONTEXT_FILTERS)
 
 
 def test_effect_page_lists_correlation_ids_linking_to_triage(oscar, runs):
@@ -52,7 +53,7 @@ def test_effect_page_lists_correlation_ids_linking_to_triage(oscar, runs):
     links = re.findall(
         r'<dt class="mono">([a-z_]+)</dt>\s*<dd class="mono"><a href="([^"]+)"', section
     )
-    assert [key for key, _ in links] == list(views.CORRELATION_KEYS)
+    assert [key for key, _ in links] == list(CORRELATION_KEYS)
     hrefs = dict(links)
     assert unquote(hrefs["run_id"].replace("&amp;", "&")) == "/?context.run_id=run-7"
     assert unquote(hrefs["runtime"]) == "/?context.runtime=claude-code"

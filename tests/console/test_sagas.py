@@ -8,7 +8,6 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from gateway import views
 from gateway.services import effect_dispatch
 from tests.console.conftest import add_receipt, saga_step_effect, set_state, start_saga
 
@@ -299,18 +298,3 @@ def test_list_and_run_pages_run_a_fixed_number_of_queries(
     # the nav's two badges — one query per kind, not per step.
     with django_assert_max_num_queries(10):
         assert oscar.client.get(f"/sagas/{order.pk}").status_code == 200
-
-
-def test_pages_do_without_the_sagas_app(oscar, order, monkeypatch):
-    real = views._module
-    monkeypatch.setattr(
-        views, "_module", lambda name: None if name.startswith("sagas") else real(name)
-    )
-    SagaRun.objects.filter(pk=order.pk).update(frozen=True)
-    assert "saga-alerts" not in oscar.client.get("/").content.decode()
-    effect = saga_step_effect(order, "reserve_inventory")
-    page = oscar.client.get(f"/effects/{effect.pk}")
-    assert page.status_code == 200 and f'href="/sagas/{order.pk}"' not in page.content.decode()
-    missing = oscar.client.get(f"/sagas/{order.pk}")
-    assert missing.status_code == 404 and "not available" in missing.content.decode()
-    assert action(oscar, order, "freeze").status_code == 404

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gateway import views
+from gateway.console import triage
 from gateway.models import Effect
 from tests.console.conftest import EMAIL, REFUND, SHIPMENT, TICKET, set_state, submit
 
@@ -115,7 +115,7 @@ def test_sort_by_risk_puts_financial_writes_first(oscar, queue):
 
 @pytest.mark.parametrize("sort", ["oldest", "newest", "risk"])
 def test_keyset_pages_cover_the_queue_once(oscar, queue, monkeypatch, sort):
-    monkeypatch.setattr(views, "TRIAGE_PAGE_SIZE", 4)
+    monkeypatch.setattr(triage, "TRIAGE_PAGE_SIZE", 4)
     seen: list[str] = []
     query = f"sort={sort}"
     for _ in range(5):

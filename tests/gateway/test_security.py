@@ -436,11 +436,11 @@ def test_grants_revocations_and_freezes_are_chained_audit_events(agent, operator
 
 @pytest.mark.django_db(transaction=True)
 def test_an_event_appended_outside_a_transaction_is_chained(agent, capsys):
-    from gateway import services as ledger
+    from gateway import ledger
 
     effect = Effect.objects.get(pk=agent.submit(TICKET, "t1").json()["effect_id"])
     # No transaction is open here (autocommit): the append makes its own.
-    ledger._event(effect, kind="note", actor="test", reason="outside any transaction")
+    ledger.append_event(effect, kind="note", actor="test", reason="outside any transaction")
     assert EffectEvent.objects.filter(effect=effect, kind="note").count() == 1
     call_command("verify_audit")
     assert "acme: chain intact" in capsys.readouterr().out

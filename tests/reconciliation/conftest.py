@@ -55,7 +55,7 @@ def recon_sandbox(recon_server: SandboxServer, settings) -> SandboxProvider:
 def recon_enqueued(monkeypatch) -> list[str]:
     """Effect ids the services asked to dispatch (instead of a broker message)."""
     sent: list[str] = []
-    monkeypatch.setattr(ledger, "_enqueue_dispatch", sent.append)
+    monkeypatch.setattr("gateway.ledger.enqueue_dispatch", sent.append)
     return sent
 
 

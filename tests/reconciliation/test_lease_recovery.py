@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from gateway import services as ledger
 from gateway.contracts import get_contract
+from gateway.ledger import transition
 from gateway.models import Attempt, Effect, EffectEvent
 from gateway.providers.registry import adapter_for
 from reconciliation import services
@@ -86,7 +87,7 @@ def test_recovery_loses_to_a_worker_that_answered_first(recon_submit, recon_sand
     assert ledger.effect_record_outcome(claim=claim, result=result, worker="w1") is not None
 
     with transaction.atomic():
-        moved = ledger._transition(
+        moved = transition(
             stale_read,
             to="UNKNOWN",
             actor=services.LEASE_RECOVERY,

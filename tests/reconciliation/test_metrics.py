@@ -10,14 +10,15 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import health
 from gateway.models import Effect
-from reconciliation import services, views
+from reconciliation import services
 
 pytestmark = pytest.mark.django_db
 
 
 def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = views.metrics(RequestFactory().get("/metrics"))
+    response = health.metrics(RequestFactory().get("/metrics"))
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     samples = {}

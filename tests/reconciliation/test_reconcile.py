@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gateway import hooks
 from gateway.contracts import CONTRACTS
 from gateway.models import Effect, EffectEvent, Receipt
 from reconciliation import services
@@ -18,6 +19,13 @@ from reconciliation.models import Case, ReconciliationRecord
 from tests.reconciliation.conftest import fresh, lookups, make_due, operations, sends
 
 pytestmark = pytest.mark.django_db
+
+
+def spy_on_mismatch(monkeypatch, hooked: list[str]) -> None:
+    """Replace the listeners of hooks.mismatch_found (sagas' freeze) by a spy."""
+    spy: hooks.Registry[hooks.MismatchFound] = hooks.Registry("mismatch_found")
+    spy.register(lambda effect, *, actor, reason: hooked.append(effect.pk))
+    monkeypatch.setattr(hooks, "mismatch_found", spy)
 
 
 def records(effect: Effect) -> list[ReconciliationRecord]:
@@ -145,7 +153,7 @@ def test_digest_mismatch_found_by_lookup_opens_a_case_and_never_confirms(
     recon_unknown, recon_sandbox, recon_enqueued, monkeypatch
 ):
     hooked: list[str] = []
-    monkeypatch.setattr(services, "on_mismatch", lambda effect: hooked.append(effect.pk))
+    spy_on_mismatch(monkeypatch, hooked)
     effect = recon_unknown(digest_mismatch={})
     assert effect.mismatch is False  # the answer was lost: nobody has seen the digest yet
     make_due(effect)
@@ -175,7 +183,7 @@ def test_mismatch_found_at_dispatch_is_queued_for_the_owner_by_the_sweep(
     recon_submit, recon_dispatch, recon_sandbox, monkeypatch
 ):
     hooked: list[str] = []
-    monkeypatch.setattr(services, "on_mismatch", lambda effect: hooked.append(effect.pk))
+    spy_on_mismatch(monkeypatch, hooked)
     recon_sandbox.add_fault("digest_mismatch", times=1)
     effect = recon_dispatch(recon_submit())
     assert (effect.status, effect.mismatch) == ("UNKNOWN", True)

@@ -12,6 +12,7 @@ from gateway import services
 from gateway.lib import vault
 from gateway.models import Command, Effect, EffectEvent
 from reconciliation.models import Case
+from reconciliation.services import cases_open_for_flagged
 
 pytestmark = pytest.mark.django_db
 
@@ -40,6 +41,8 @@ def assert_refused_and_never_sent(effect_id: str, sandbox) -> Effect:
     assert effect.status == "PREPARED" and effect.frozen and effect.mismatch
     assert effect.attempt_count == 0
     assert EffectEvent.objects.filter(effect_id=effect_id, kind="payload_tampered").count() == 1
+    # The owners' queue follows the flag: the reconciler's sweep opens the case.
+    cases_open_for_flagged()
     case = Case.objects.get(effect_id=effect_id)
     assert case.reason == "mismatch"
     # Another delivery of the message changes nothing and sends nothing.

@@ -1,0 +1,398 @@
+"""``/effects/<id>``: the effect page (intent, command and receipt side by side, timelines,
+compensation) and its actions, each the call of the one service the API calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from cryptography.fernet import InvalidToken
+from django.http import HttpResponse
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from gateway import selectors, services
+from gateway.choices import APPROVER_ROLES, BEFORE_DISPATCH, OPERATOR_ROLES, TERMINAL, EffectStatus
+from gateway.console import extensions
+from gateway.console.approvals import approval_card
+from gateway.console.base import (
+    Action,
+    ConsoleRequest,
+    badges_oob,
+    console_view,
+    perform,
+    poll_token,
+    render_polled,
+    role_may,
+)
+from gateway.console.forms import ApproveForm, ReasonForm, RequiredReasonForm
+from gateway.console.selectors import CORRELATION_KEYS
+from gateway.contracts import EffectContract, get_contract
+from gateway.errors import NotFound
+from gateway.models import Command, Effect, Principal, Receipt
+from gateway.templatetags.console import duration_label, money
+
+S = EffectStatus
+
+
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class FieldRow:
+    """One line of the command/receipt comparison."""
+
+    name: str
+    command: Any = MISSING
+    receipt: Any = MISSING
+    differs: bool = False
+
+    @property
+    def command_missing(self) -> bool:
+        return self.command is MISSING
+
+    @property
+    def receipt_missing(self) -> bool:
+        return self.receipt is MISSING
+
+
+def comparison(
+    *,
+    command: Command,
+    clear_payload: dict[str, Any],
+    shown_payload: dict[str, Any],
+    receipt: Receipt | None,
+    hidden: Iterable[str],
+) -> list[FieldRow]:
+    """The field-level diff of the command and the latest receipt.
+
+    Compared on the clear values; shown with ``shown_payload`` (redacted for viewers who may
+    not see the payload), and a receipt field that names a hidden field is hidden too.
+    """
+    hidden = set(hidden)
+    result = receipt.result if receipt is not None and isinstance(receipt.result, dict) else {}
+    rows = [
+        FieldRow(
+            "payload_digest",
+            command.payload_digest,
+            (receipt.payload_digest or "(none)") if receipt is not None else MISSING,
+            differs=receipt is not None and not receipt.digest_matches,
+        )
+    ]
+    for name, clear in clear_payload.items():
+        answered = result.get(name, MISSING)
+        differs = answered is not MISSING and answered is not None and answered != clear
+        if answered is not MISSING and name in hidden:
+            answered = services.REDACTED
+        rows.append(FieldRow(f"payload.{name}", shown_payload.get(name), answered, differs))
+    for name, value in result.items():
+        if name not in clear_payload:
+            rows.append(FieldRow(f"result.{name}", MISSING, value))
+    return rows
+
+
+@dataclass(frozen=True)
+class Compensation:
+    compensator: str | None
+    window: timedelta | None
+    ends_at: datetime | None
+    time_left: str
+    open: bool | None
+    boundary: str | None
+    irreversible: bool
+    automatic: bool
+    past_boundary: bool
+
+
+def _compensation(
+    effect: Effect, contract: EffectContract | None, receipt: Receipt | None, now: datetime
+) -> Compensation | None:
+    if contract is None:
+        return None
+    ends_at = None
+    if contract.compensation_window and effect.confirmed_at:
+        ends_at = effect.confirmed_at + contract.compensation_window
+    time_left, is_open = "", None
+    if ends_at is not None:
+        is_open = ends_at > now
+        time_left = (
+            f"{duration_label(ends_at - now)} left"
+            if is_open
+            else f"closed {duration_label(now - ends_at)} ago"
+        )
+    return Compensation(
+        compensator=contract.compensator,
+        window=contract.compensation_window,
+        ends_at=ends_at,
+        time_left=time_left,
+        open=is_open,
+        boundary=contract.irreversible_boundary,
+        irreversible=contract.irreversible,
+        automatic=contract.automatic_compensation,
+        past_boundary=bool(
+            contract.irreversible_boundary
+            and receipt is not None
+            and contract.irreversible_boundary
+            in (receipt.provider_status, (receipt.result or {}).get("state"))
+        ),
+    )
+
+
+def _may_compensate(effect: Effect, contract: EffectContract | None, now: datetime) -> bool:
+    if contract is None or not contract.compensator or contract.compensation is None:
+        return False
+    if effect.status != S.CONFIRMED:
+        return False
+    if contract.compensation_window and effect.confirmed_at:
+        return now <= effect.confirmed_at + contract.compensation_window
+    return True
+
+
+def available_actions(
+    principal: Principal, effect: Effect, page: dict[str, Any] | None = None
+) -> set[str]:
+    """The buttons to show. The services decide again (and refuse with a reason); this only
+    keeps buttons that could never work off the screen. ``page`` is what the other apps'
+    panels put on the page (their buttons may depend on it, e.g. an open case)."""
+    actions: set[str] = set()
+    operator = role_may(principal, OPERATOR_ROLES)
+    if effect.status == S.AWAITING_APPROVAL and role_may(principal, APPROVER_ROLES):
+        actions.add("reject")
+        if effect.command.requested_by_id != principal.pk:
+            actions.add("approve")
+    if operator:
+        if effect.frozen:
+            actions.add("unfreeze")
+        elif effect.status not in TERMINAL:
+            actions.add("freeze")
+        if _may_compensate(effect, get_contract(effect.type), timezone.now()):
+            actions.add("compensate")
+    requester = effect.command.requested_by_id == principal.pk
+    if effect.status in BEFORE_DISPATCH and (operator or (requester and not principal.frozen)):
+        actions.add("cancel")
+    for name, extra in extensions.effect_actions.items():
+        if extra.shown(principal, effect, page or {}):
+            actions.add(name)
+    return actions
+
+
+def _open_payload(command: Command) -> dict[str, Any] | None:
+    """The clear payload, or None when the vault key that sealed it is not configured (a
+    rotation gone wrong): the page then shows the redacted payload instead of failing."""
+    try:
+        return services.command_payload(command)
+    except InvalidToken:
+        return None
+
+
+def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
+    principal = request.principal
+    now = timezone.now()
+    command = effect.command
+    contract = get_contract(effect.type)
+    clear = _open_payload(command)
+    sealed_unreadable = clear is None
+    if clear is None:
+        clear = command.payload_redacted
+    may_see = selectors.may_see_payload(principal, effect) and not sealed_unreadable
+    shown = clear if may_see else command.payload_redacted
+    receipt = selectors.effect_latest_receipt(effect)
+    hidden = () if may_see or contract is None else contract.personal_fields
+    events = list(selectors.effect_events(effect))
+    attempts = list(effect.attempts.order_by("number"))
+    compensations = list(
+        Command.objects.filter(compensates_id=effect.pk).select_related("effect").order_by("pk")
+    )
+    # What the other apps show on the page (the open case and the reconciliation records; the
+    # saga run this effect is a step of).
+    panels = [panel(principal, effect) for panel in extensions.effect_panels]
+    page: dict[str, Any] = {}
+    for panel in panels:
+        page.update(panel.context)
+    token = poll_token(
+        effect.updated_at,
+        effect.status,
+        events[-1].pk if events else None,
+        receipt.pk if receipt else None,
+        [(a.pk, a.state) for a in attempts],
+        [c.effect.status for c in compensations if hasattr(c, "effect")],
+        duration_label(now - effect.status_changed_at),
+        duration_label(abs(command.expires_at - now)),
+        [panel.token for panel in panels],
+    )
+    return page | {
+        "effect": effect,
+        "command": command,
+        "contract": contract,
+        "may_see_payload": may_see,
+        "sealed_unreadable": sealed_unreadable,
+        "payload": shown,
+        "cost": money(shown),
+        "receipt": receipt,
+        "receipt_count": effect.receipts.count() if receipt else 0,
+        "rows": comparison(
+            command=command,
+            clear_payload=clear,
+            shown_payload=shown,
+            receipt=receipt,
+            hidden=hidden,
+        ),
+        "attempts": attempts,
+        "events": events,
+        "compensation": _compensation(effect, contract, receipt, now),
+        "compensations": compensations,
+        "correlation": correlation(command.context),
+        "other_context": {
+            key: value
+            for key, value in (command.context or {}).items()
+            if key not in CORRELATION_KEYS
+        },
+        "actions": available_actions(principal, effect, page),
+        "in_status": duration_label(now - effect.status_changed_at),
+        "token": token,
+        "now": now,
+        "view_name": "effect",
+    }
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """One correlation id of a command's context, with the triage queue filtered by it."""
+
+    key: str
+    value: Any
+    url: str  # "" when the value is not a string (the filter compares strings)
+
+
+def correlation(context: Any) -> list[Correlation]:
+    if not isinstance(context, dict):
+        return []
+    triage = reverse("console:triage")
+    found = []
+    for key in CORRELATION_KEYS:
+        value = context.get(key)
+        if value in (None, ""):
+            continue
+        url = f"{triage}?{urlencode({f'context.{key}': value})}" if isinstance(value, str) else ""
+        found.append(Correlation(key, value, url))
+    return found
+
+
+def load_effect(request: ConsoleRequest, effect_id: str) -> Effect:
+    # Another tenant's effect does not exist for this caller: NotFound, mapped to a 404.
+    return selectors.effect_get(principal=request.principal, effect_id=effect_id)
+
+
+@require_GET
+@console_view
+def effect_detail(request: ConsoleRequest, effect_id: str) -> HttpResponse:
+    """``/effects/<id>``: intent, command and receipt side by side, timelines, compensation."""
+    effect = load_effect(request, effect_id)
+    return render_polled(
+        request, "gateway/effect_detail.html", "effect", _effect_context(request, effect)
+    )
+
+
+def _approve(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    services.effect_approve(
+        effect=effect,
+        principal=request.principal,
+        payload_digest=data["payload_digest"],
+        comment=data.get("comment", ""),
+    )
+    return f"Approved {effect.pk}: digest {data['payload_digest'][:19]}… is queued for dispatch."
+
+
+def _reject(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    services.effect_reject(effect=effect, principal=request.principal, reason=data["reason"])
+    return f"Rejected {effect.pk}."
+
+
+def _freeze(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    services.effect_set_frozen(
+        effect=effect, principal=request.principal, frozen=True, reason=data["reason"]
+    )
+    return f"Froze {effect.pk}: nothing of it will be dispatched until it is unfrozen."
+
+
+def _unfreeze(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    services.effect_set_frozen(
+        effect=effect, principal=request.principal, frozen=False, reason=data["reason"]
+    )
+    return f"Unfroze {effect.pk}."
+
+
+def _cancel(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    services.effect_cancel(effect=effect, principal=request.principal, reason=data["reason"])
+    return f"Cancelled {effect.pk} before dispatch."
+
+
+def _compensate(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    submission = services.effect_compensate(
+        effect=effect, principal=request.principal, reason=data["reason"]
+    )
+    issued = submission.effect
+    return (
+        f"Issued compensation {issued.pk} ({issued.type}), {issued.status}; "
+        f"{effect.pk} is now COMPENSATING."
+    )
+
+
+ACTIONS: dict[str, Action] = {
+    "approve": Action(ApproveForm, _approve),
+    "reject": Action(ReasonForm, _reject),
+    "freeze": Action(ReasonForm, _freeze),
+    "unfreeze": Action(ReasonForm, _unfreeze),
+    "cancel": Action(ReasonForm, _cancel),
+    "compensate": Action(RequiredReasonForm, _compensate),
+}
+
+
+@require_POST
+@console_view
+def effect_action(request: ConsoleRequest, effect_id: str, action: str) -> HttpResponse:
+    """POST ``/effects/<id>/<action>``: validate the form, call the one service the API calls,
+    answer with the changed fragment and a flash (htmx) or redirect back (no JavaScript).
+    The actions of other apps (``extensions.effect_actions``) are served the same way."""
+    spec: Action | extensions.EffectAction | None = ACTIONS.get(action)
+    if spec is None:
+        spec = extensions.effect_actions.get(action)
+    if spec is None:
+        raise NotFound(f"No action {action!r}.")
+    effect = load_effect(request, effect_id)
+    from_inbox = request.POST.get("view") == "approvals"
+    back = (
+        reverse("console:approvals") if from_inbox else reverse("console:effect", args=[effect.pk])
+    )
+    target = f"#approval-{effect.pk}-error" if from_inbox else "#flash"
+
+    def answer() -> str:
+        fresh = load_effect(request, effect_id)
+        if from_inbox:
+            card = approval_card(request.principal, fresh)
+            html = render_to_string(
+                "gateway/effect_approvals.html#card", {"card": card}, request=request
+            )
+        else:
+            html = render_to_string(
+                "gateway/effect_detail.html#effect",
+                _effect_context(request, fresh),
+                request=request,
+            )
+        # The nav's counts may have changed too (an approval, a case taken or settled).
+        return html + badges_oob(request)
+
+    run = spec.run
+    return perform(
+        request,
+        form=spec.form(request.POST),
+        run=lambda data: run(request, effect, data),
+        back=back,
+        target=target,
+        answer=answer,
+    )

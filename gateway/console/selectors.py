@@ -1,0 +1,171 @@
+"""What the ledger's console pages read: the triage queue's query (filters, keyset, risk
+order) and the controls' freezes and grants. Everything is scoped to the caller's tenant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+
+from gateway.choices import EffectClass, EffectStatus
+from gateway.contracts import CONTRACTS
+from gateway.models import Capability, Effect, EffectTypeFreeze, Principal
+
+S = EffectStatus
+
+
+# An IN_PROGRESS effect that has not moved for this long needs a look even if its next
+# lookup is not due yet.
+OVERDUE_AFTER = timedelta(minutes=10)
+
+
+AGE_FILTERS = {"10m": timedelta(minutes=10), "1h": timedelta(hours=1), "24h": timedelta(days=1)}
+
+
+SORTS = {"oldest": "oldest first", "newest": "newest first", "risk": "risk, then oldest"}
+
+
+# Lower is riskier: money first, then writes outside our walls, then harmless repeats.
+RISK_RANK = {
+    EffectClass.FINANCIAL_WRITE: 0,
+    EffectClass.EXTERNAL_WRITE: 1,
+    EffectClass.IDEMPOTENT_WRITE: 2,
+}
+
+
+# The correlation ids of a command's context, in the order the effect page lists them; the
+# triage queue filters on each with ``?context.<key>=<value>``, as the API does.
+CORRELATION_KEYS = ("runtime", "agent", "session_id", "run_id", "thread_id", "call_id")
+
+
+@dataclass(frozen=True)
+class TriageFilters:
+    """The triage queue's query string, parsed; unknown values fall back to "any"."""
+
+    status: str = ""
+    type: str = ""
+    owner: str = ""
+    age: str = ""
+    sort: str = "oldest"
+    after: str = ""
+    # ((key, value), …): ``context.<key>=<value>`` for the keys of CONTEXT_FILTERS.
+    context: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, params) -> TriageFilters:
+        status = params.get("status", "")
+        type_ = params.get("type", "")
+        owner = params.get("owner", "")
+        age = params.get("age", "")
+        sort = params.get("sort", "oldest")
+        return cls(
+            status=status if status in S.values else "",
+            type=type_ if type_ in CONTRACTS else "",
+            owner=owner if owner in owners() else "",
+            age=age if age in AGE_FILTERS else "",
+            sort=sort if sort in SORTS else "oldest",
+            after=params.get("after", "")[:80],
+            context=tuple(
+                (key, params[f"context.{key}"][:200])
+                for key in CORRELATION_KEYS
+                if params.get(f"context.{key}")
+            ),
+        )
+
+    def querystring(self, **changes: Any) -> str:
+        values = {**self.__dict__, **changes}
+        context = values.pop("context")
+        after = values.pop("after")
+        pairs = [(k, v) for k, v in values.items() if v and (k, v) != ("sort", "oldest")]
+        pairs += [(f"context.{key}", value) for key, value in context]
+        if after:
+            pairs.append(("after", after))
+        return urlencode(pairs)
+
+    def without_context(self, key: str) -> str:
+        """The first page of the same filters, less one correlation filter."""
+        return self.querystring(after="", context=tuple(p for p in self.context if p[0] != key))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.status or self.type or self.owner or self.age or self.context)
+
+
+def owners() -> list[str]:
+    return sorted({contract.owner for contract in CONTRACTS.values()})
+
+
+def _risk_rank() -> Case:
+    whens = [
+        When(type__in=[c.type for c in CONTRACTS.values() if c.effect_class == cls], then=rank)
+        for cls, rank in RISK_RANK.items()
+    ]
+    return Case(*whens, default=Value(len(RISK_RANK)), output_field=IntegerField())
+
+
+def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effect]:
+    """What needs a human in the caller's tenant: UNKNOWN, overdue IN_PROGRESS, mismatches,
+    escalations and failed compensations. Served by the ``effect_triage`` partial index."""
+    overdue = Q(status=S.IN_PROGRESS) & (
+        Q(next_check_at__lt=now) | Q(status_changed_at__lt=now - OVERDUE_AFTER)
+    )
+    needs_human = (
+        Q(status__in=[S.UNKNOWN, S.COMPENSATION_FAILED])
+        | overdue
+        | Q(mismatch=True)
+        | Q(escalated=True)
+    )
+    return Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
+
+
+def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: datetime):
+    if filters.status:
+        query = query.filter(status=filters.status)
+    if filters.type:
+        query = query.filter(type=filters.type)
+    if filters.owner:
+        query = query.filter(owner=filters.owner)
+    if filters.age:
+        query = query.filter(created_at__lte=now - AGE_FILTERS[filters.age])
+    # The filter of gateway.selectors.effects_filtered(context=…), which the API's list uses.
+    for key, value in filters.context:
+        query = query.filter(**{f"command__context__{key}": value})
+    return query
+
+
+def triage_keyset(query: QuerySet[Effect], filters: TriageFilters) -> QuerySet[Effect]:
+    """Order and seek by the time-ordered primary key (plus the risk rank when sorting by
+    risk): the cost of a page does not grow with its depth, unlike OFFSET."""
+    after = filters.after
+    if filters.sort == "newest":
+        query = query.order_by("-command")
+        return query.filter(command__lt=after) if after else query
+    if filters.sort == "risk":
+        query = query.annotate(risk=_risk_rank()).order_by("risk", "command")
+        rank, _, pk = after.partition(".")
+        if rank.isdigit() and pk:
+            query = query.filter(Q(risk__gt=int(rank)) | Q(risk=int(rank), command__gt=pk))
+        return query
+    query = query.order_by("command")
+    return query.filter(command__gt=after) if after else query
+
+
+def type_freezes(principal: Principal) -> dict[str, EffectTypeFreeze]:
+    return {
+        freeze.type: freeze
+        for freeze in EffectTypeFreeze.objects.filter(tenant_id=principal.tenant_id).select_related(
+            "frozen_by"
+        )
+    }
+
+
+def capabilities_for_principal(principal: Principal) -> QuerySet[Capability]:
+    """Grants of the caller's tenant, newest first (what the API's list shows)."""
+    return (
+        Capability.objects.filter(tenant_id=principal.tenant_id)
+        .select_related("principal")
+        .order_by("-created_at", "-id")
+    )

@@ -1,0 +1,144 @@
+"""``/``: the triage queue — what needs a human, with filters, keyset pages and a poll."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from django.db.models import Count, Max
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from gateway.choices import EffectStatus
+from gateway.console import extensions
+from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled
+from gateway.console.selectors import (
+    OVERDUE_AFTER,
+    SORTS,
+    TriageFilters,
+    apply_triage_filters,
+    effects_for_triage,
+    owners,
+    triage_keyset,
+)
+from gateway.contracts import CONTRACTS, EffectContract, get_contract
+from gateway.models import Effect
+from gateway.templatetags.console import duration_label, money
+
+S = EffectStatus
+
+
+TRIAGE_PAGE_SIZE = 50
+
+
+@dataclass
+class TriageRow:
+    effect: Effect
+    contract: EffectContract | None
+    age: str
+    in_status: str
+    cost: str
+    overdue: bool
+    reasons: list[tuple[str, str]] = field(default_factory=list)
+    # "claude-code · refund-bot": the runtime and agent of the command's context, if given.
+    correlation: str = ""
+
+
+def correlation_label(context: Any) -> str:
+    if not isinstance(context, dict):
+        return ""
+    return " · ".join(str(context[key]) for key in ("runtime", "agent") if context.get(key))
+
+
+def _triage_row(effect: Effect, now: datetime) -> TriageRow:
+    overdue = effect.status == S.IN_PROGRESS and (
+        (effect.next_check_at is not None and effect.next_check_at < now)
+        or effect.status_changed_at < now - OVERDUE_AFTER
+    )
+    # Why it is here beyond its status badge (UNKNOWN and COMPENSATION_FAILED say it
+    # themselves), with a chip tone: said in words, coloured for scanning.
+    reasons: list[tuple[str, str]] = []
+    if overdue:
+        reasons.append(("overdue", "attention"))
+    if effect.mismatch:
+        reasons.append(("receipt mismatch", "danger"))
+    if effect.escalated:
+        reasons.append(("escalated", "attention"))
+    return TriageRow(
+        effect=effect,
+        contract=get_contract(effect.type),
+        age=duration_label(now - effect.created_at),
+        in_status=duration_label(now - effect.status_changed_at),
+        cost=money(effect.command.payload_redacted),
+        overdue=overdue,
+        reasons=reasons,
+        correlation=correlation_label(effect.command.context),
+    )
+
+
+def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
+    principal = request.principal
+    now = timezone.now()
+    filters = TriageFilters.parse(request.GET)
+    matching = apply_triage_filters(effects_for_triage(principal=principal, now=now), filters, now)
+    summary = matching.aggregate(count=Count("pk"), latest=Max("updated_at"))
+    page = list(
+        triage_keyset(matching, filters)
+        .select_related("command")
+        .defer("command__payload_sealed", "command__intent")[: TRIAGE_PAGE_SIZE + 1]
+    )
+    has_next = len(page) > TRIAGE_PAGE_SIZE
+    page = page[:TRIAGE_PAGE_SIZE]
+    rows = [_triage_row(effect, now) for effect in page]
+    next_query = ""
+    if has_next:
+        last = page[-1]
+        # ``risk`` is annotated by triage_keyset when sorting by risk.
+        cursor = f"{cast(Any, last).risk}.{last.pk}" if filters.sort == "risk" else last.pk
+        next_query = filters.querystring(after=cursor)
+    # What the other apps show above the queue (the sagas stopped for a human).
+    panels = [panel(principal) for panel in extensions.triage_panels]
+    # What the fragment shows, and nothing else: the poll answers 204 while it is unchanged.
+    token = poll_token(
+        filters.querystring(),
+        summary["count"],
+        summary["latest"],
+        [(r.effect.pk, r.effect.updated_at, r.age, r.in_status, r.overdue) for r in rows],
+        has_next,
+        [panel.token for panel in panels],
+    )
+    context: dict[str, Any] = {
+        "filters": filters,
+        "context_chips": [
+            (key, value, filters.without_context(key)) for key, value in filters.context
+        ],
+        "rows": rows,
+        "count": summary["count"],
+        "next_query": next_query,
+        "first_query": filters.querystring(after=""),
+        "token": token,
+        "statuses": S.values,
+        "types": sorted(CONTRACTS),
+        "owners": owners(),
+        "age_filters": [
+            ("10m", "older than 10 min"),
+            ("1h", "older than 1 h"),
+            ("24h", "older than 1 day"),
+        ],
+        "sorts": SORTS,
+        "sort_label": SORTS[filters.sort],
+        "now": now,
+        "view_name": "triage",
+    }
+    for panel in panels:
+        context.update(panel.context)
+    return context
+
+
+@require_GET
+@console_view
+def triage(request: ConsoleRequest) -> HttpResponse:
+    """``/``: the triage queue, with filters, keyset pages and a 5 s poll of its table."""
+    return render_polled(request, "gateway/effect_triage.html", "queue", _triage_context(request))

@@ -1,0 +1,33 @@
+"""The ledger's console pages; ``gateway.urls`` composes them with the pages of reconciliation
+and sagas under the ``console:`` namespace."""
+
+from django.urls import URLPattern, path
+
+from gateway.console import approvals, auth, controls, effects, triage
+
+urlpatterns: list[URLPattern] = [
+    path("", triage.triage, name="triage"),
+    path("login", auth.login_view, name="login"),
+    path("logout", auth.logout_view, name="logout"),
+    path("approvals", approvals.approvals, name="approvals"),
+    path("effects/<str:effect_id>", effects.effect_detail, name="effect"),
+    path("effects/<str:effect_id>/<slug:action>", effects.effect_action, name="effect-action"),
+    # Freezes and capabilities (operators and admins).
+    path("controls", controls.controls, name="controls"),
+    path(
+        "controls/types/<str:effect_type>/<slug:verb>",
+        controls.effect_type_freeze,
+        name="type-freeze",
+    ),
+    path(
+        "controls/principals/<str:name>/<slug:verb>",
+        controls.principal_freeze,
+        name="principal-freeze",
+    ),
+    path("controls/capabilities", controls.capability_grant, name="capability-grant"),
+    path(
+        "controls/capabilities/<str:capability_id>/revoke",
+        controls.capability_revoke,
+        name="capability-revoke",
+    ),
+]

@@ -1,0 +1,97 @@
+"""Where the ledger tells the apps above it what happened, instead of importing them.
+
+The ledger (``gateway.ledger``, ``gateway.services``) sits below reconciliation, sagas and the
+webhook outbox: it may not import them. What it used to call in them it now calls through
+these registries, at the very places and in the very transactions it called them before. Each
+app registers its listeners in its ``AppConfig.ready()``. An explicit registry, not Django
+signals: ``grep after_transition`` finds every listener, and the types say what each gets.
+
+- ``after_transition(effect, from_status=, to=)``: inside the transaction of every status
+  change, right after its event (the webhook outbox records its row; a saga is told, after
+  commit; a never-sent command gives its capability budget back).
+- ``dispatch_holds``: what keeps an effect from being sent although it is dispatchable (its
+  saga is frozen). ``holds(effect)`` is asked by the claim; ``exclude(query)`` narrows the
+  dispatch sweep, so that held effects are not re-enqueued every sweep for nothing.
+- ``mismatch_found(effect, actor=, reason=)``: inside the transaction that records that an
+  effect disagrees with its command (the saga is frozen).
+- ``dispatch_sender``: the one task that hands an effect to a worker (``gateway.tasks``
+  imports the services, which sit above the ledger, so ``GatewayConfig.ready`` binds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from gateway.models import Effect
+
+
+class AfterTransition(Protocol):
+    def __call__(self, effect: Effect, *, from_status: str, to: str) -> None: ...
+
+
+class MismatchFound(Protocol):
+    def __call__(self, effect: Effect, *, actor: str, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class DispatchHold:
+    """Why a dispatchable effect waits: ``holds`` for one effect (the claim), ``exclude`` for
+    the sweep's query (the same rule, in SQL)."""
+
+    name: str
+    holds: Callable[[Effect], bool]
+    exclude: Callable[[QuerySet[Effect]], QuerySet[Effect]]
+
+
+class Registry[L]:
+    """Listeners in registration order (the order of INSTALLED_APPS). Registering the same
+    listener twice keeps one: ``ready()`` may run more than once in a test process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._listeners: list[L] = []
+
+    def register(self, listener: L) -> L:
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+        return listener
+
+    def __iter__(self) -> Iterator[L]:
+        return iter(tuple(self._listeners))
+
+    def __len__(self) -> int:
+        return len(self._listeners)
+
+    def __repr__(self) -> str:
+        return f"<Registry {self.name}: {len(self._listeners)} listener(s)>"
+
+
+class Sender:
+    """One callable, bound once at start-up, called through ``send``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._send: Callable[[str], Any] | None = None
+
+    def bind(self, send: Callable[[str], Any]) -> None:
+        self._send = send
+
+    @property
+    def bound(self) -> bool:
+        return self._send is not None
+
+    def send(self, value: str) -> Any:
+        if self._send is None:
+            raise RuntimeError(f"{self.name} is not bound: django.setup() binds it")
+        return self._send(value)
+
+
+after_transition: Registry[AfterTransition] = Registry("after_transition")
+dispatch_holds: Registry[DispatchHold] = Registry("dispatch_holds")
+mismatch_found: Registry[MismatchFound] = Registry("mismatch_found")
+dispatch_sender = Sender("dispatch_sender")
