@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from django.db.models import Q
@@ -12,19 +11,13 @@ from rest_framework import authentication, exceptions, throttling
 
 from gateway.errors import NotPermitted
 from gateway.models import ApiToken, Principal
-
-TOKEN_PREFIX = "egw_"
-
-
-def hash_token(token: str) -> str:
-    # Tokens carry 256 random bits, so a fast hash is enough: there is nothing to brute-force.
-    return hashlib.sha256(token.encode()).hexdigest()
+from gateway.tokens import TOKEN_PREFIX as TOKEN_PREFIX
+from gateway.tokens import hash_token as hash_token
+from gateway.tokens import token_issue
 
 
 def token_create(*, principal: Principal, expires_in: int | None = None) -> str:
     """A new API token for ``principal``; the clear value is returned once and never stored."""
-    from gateway.tokens import token_issue
-
     return token_issue(principal=principal, expires_in=expires_in)[1]
 
 
