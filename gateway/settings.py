@@ -350,6 +350,9 @@ GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 # Signed checkpoints of the audit chains (gateway.checkpoints): a key the database never
 # holds (32 bytes, base64; generated under var/ in development) and an append-only place.
 GATEWAY_AUDIT_SIGNING_KEY = env_str("GATEWAY_AUDIT_SIGNING_KEY", "")
+if PRODUCTION and not GATEWAY_AUDIT_SIGNING_KEY:
+    # Refused at start, not at the first receipt: every receipt is sealed with it.
+    raise ImproperlyConfigured("GATEWAY_AUDIT_SIGNING_KEY must be set in production")
 GATEWAY_CHECKPOINT_DIR = env_str("GATEWAY_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
 GATEWAY_CHECKPOINT_INTERVAL = env_number("GATEWAY_CHECKPOINT_INTERVAL", 300)
 
