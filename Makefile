@@ -15,17 +15,21 @@ STAMP := $(VENV)/.installed
 # Extra arguments: `make test PYTEST_ARGS="-k submit -x"`, `make demo DEMO_ARGS="--port 8001"`.
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+# pytest-xdist workers. Two on a 2-core machine: each has its own test database, and the
+# run's connections stay under the embedded server's cap (gateway/embedded/pytest_plugin.py).
+PYTEST_WORKERS ?= 2
 # The local pip configuration names index locations that do not exist on every machine; pip
 # warns about each one on every call. They are noise, so drop them from the output.
 PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 
-.PHONY: help install browser test lint fmt typecheck lint-imports demo bench clean
+.PHONY: help install browser test lint fmt typecheck lint-imports demo bench clean clients-test clients-schema
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "Variables: PYTEST_ARGS, DEMO_ARGS, PYTHON (interpreter for a new .venv)."
-	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: SQLite + embedded broker)."
+	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, PYTHON (interpreter for a new .venv)."
+	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: PostgreSQL and Valkey from"
+	@echo "             wheels, started and stopped by make demo / make test themselves)."
 
 install: $(STAMP) ## Build .venv (Python >= 3.12) and install the project with its dev extra
 
@@ -56,12 +60,21 @@ browser: ## Install Debian's chromium for the browser tests when missing (root o
 	fi
 
 test: install browser ## Lint, format, types, import boundaries, migrations current, pytest
-	@echo "==> database: $${DATABASE_URL:-SQLite (default)}; broker: $${CELERY_BROKER_URL:-embedded (default)}"
+	@echo "==> database: $${DATABASE_URL:-embedded PostgreSQL, this run only}; broker: $${CELERY_BROKER_URL:-embedded Valkey}"
 	$(RUFF) check .
 	$(RUFF) format --check .
 	$(MAKE) typecheck lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(MAKE) clients-test
+
+clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
+	bash scripts/clients_smoke.sh
+
+clients-schema: install ## Regenerate clients/typescript/openapi.json and its TypeScript types
+	$(PY) manage.py spectacular --format openapi-json --file clients/typescript/openapi.json
+	cd clients/typescript && { [ -x node_modules/.bin/tsc ] || npm ci --no-audit --no-fund; } \
+		&& node_modules/.bin/openapi-typescript openapi.json -o src/schema.ts
 
 lint: install ## ruff check and ruff format --check
 	$(RUFF) check .
@@ -77,12 +90,12 @@ fmt: install ## Format the code and apply ruff's safe fixes
 	$(RUFF) format .
 	$(RUFF) check --fix .
 
-demo: install ## Run the whole product locally: web, worker, beat and the sandbox provider
+demo: install ## Run the whole product locally: web :8000, worker, beat, sandbox :8765
 	$(PY) manage.py demo $(DEMO_ARGS)
 
 bench: install ## Run the benchmark
 	$(PY) manage.py bench
 
-clean: ## Remove .venv, var/ and caches
+clean: ## Remove .venv, var/ (the demo's database, broker, sandbox log, tokens) and caches
 	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ .mypy_cache/ .import_linter_cache/ ./*.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gateway import audit
+from gateway import audit, trust
 from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
@@ -51,6 +51,24 @@ def _money(payload: dict[str, Any]) -> tuple[int, str]:
 
 def _live(now) -> Q:
     return Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+
+
+def effect_types_permitted(principal: Principal) -> frozenset[str] | None:
+    """The effect types ``principal`` may submit on some resource, or None for every type
+    (people act under their role). A frozen principal may submit nothing. The budget is not
+    looked at: it is checked, and reserved, at submission."""
+    from gateway.contracts import CONTRACTS
+
+    if principal.frozen:
+        return frozenset()
+    if principal.role != Role.AGENT:
+        return None
+    patterns = [
+        pattern
+        for capability in Capability.objects.filter(_live(timezone.now()), principal=principal)
+        for pattern in capability.effect_types
+    ]
+    return frozenset(t for t in CONTRACTS if any(fnmatchcase(t, p) for p in patterns))
 
 
 def capability_reserve(
@@ -219,6 +237,7 @@ def capability_revoke(*, capability: Capability, principal: Principal, reason: s
             reason=reason,
         )
     capability.refresh_from_db()
+    trust.forget_principal(capability.principal_id)  # this process now; others within the TTL
     return capability
 
 
@@ -272,4 +291,5 @@ def principal_set_frozen(
                 reason=reason,
             )
     target.frozen = frozen
+    trust.forget_principal(target.pk)  # this process at once; others within the TTL
     return target

@@ -195,7 +195,11 @@ def checkpoint_write(checkpoint: dict[str, Any]) -> Path:
 
 
 def checkpoints_write_all() -> int:
-    """Beat: one checkpoint per tenant whose chain moved since its last checkpoint."""
+    """Beat: one checkpoint per tenant whose chain moved since its last checkpoint. What is
+    committed is sealed first (gateway.audit), so the checkpoint names the current head."""
+    from gateway import audit
+
+    audit.seal_pending()
     written = 0
     for tenant in Tenant.objects.order_by("pk"):
         checkpoint = checkpoint_make(tenant)
@@ -256,11 +260,10 @@ def checkpoint_verify(checkpoint: dict[str, Any], *, trusted_key: str | None = N
         return Verdict(tenant_slug, length, False, "the tenant is missing from the ledger")
     if length == 0:
         return Verdict(tenant_slug, 0, True, "an empty chain is extended by anything")
-    events = EffectEvent.objects.filter(tenant_id=tenant.pk).order_by("id")
-    link = events.values_list("hash", flat=True)[length - 1 : length]
-    found = next(iter(link), None)
+    sealed = EffectEvent.objects.filter(tenant_id=tenant.pk, position__isnull=False)
+    found = sealed.filter(position=length).values_list("hash", flat=True).first()
     if found is None:
-        total = events.count()
+        total = sealed.count()
         return Verdict(
             tenant_slug,
             length,

@@ -9,6 +9,9 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
 - ``after_transition(effect, from_status=, to=)``: inside the transaction of every status
   change, right after its event (the webhook outbox records its row; a saga is told, after
   commit; a never-sent command gives its capability budget back).
+- ``effect_created(effect)``: inside the transaction that submits a new command, once its
+  effect row and first event exist (the outbox announces an effect that waits for approval:
+  an agent waits on that state although no transition led to it).
 - ``dispatch_holds``: what keeps an effect from being sent although it is dispatchable (its
   saga is frozen). ``holds(effect)`` is asked by the claim; ``exclude(query)`` narrows the
   dispatch sweep, so that held effects are not re-enqueued every sweep for nothing.
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 
 class AfterTransition(Protocol):
     def __call__(self, effect: Effect, *, from_status: str, to: str) -> None: ...
+
+
+class EffectCreated(Protocol):
+    def __call__(self, effect: Effect) -> None: ...
 
 
 class MismatchFound(Protocol):
@@ -92,6 +99,7 @@ class Sender:
 
 
 after_transition: Registry[AfterTransition] = Registry("after_transition")
+effect_created: Registry[EffectCreated] = Registry("effect_created")
 dispatch_holds: Registry[DispatchHold] = Registry("dispatch_holds")
 mismatch_found: Registry[MismatchFound] = Registry("mismatch_found")
 dispatch_sender = Sender("dispatch_sender")

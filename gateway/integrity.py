@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from gateway import audit, hooks, ledger
@@ -56,6 +57,59 @@ def verified_payload(effect: Effect) -> tuple[dict[str, Any] | None, str]:
             f"the approval names digest {effect.approved_digest or 'none'}, the payload {digest}"
         )
     return payload, ""
+
+
+def verified_claimed_payload(
+    *, effect_id: str, sealed: str, type: str, resource: dict[str, Any], digest: str
+) -> tuple[dict[str, Any] | None, str]:
+    """The fast path's check (gateway.fastpath claims in one statement, then this): the
+    payload opens bound to its command and has the command's digest. (The approval's
+    digest is the command's by construction: the approval compares them when it is given.)"""
+    try:
+        payload = open_bound(sealed, bound_to=payload_binding(effect_id=effect_id, digest=digest))
+    except (InvalidToken, ValueError) as exc:
+        return None, f"the sealed payload does not open for this command ({exc})"
+    found = payload_digest(type=type, resource=resource, payload=payload)
+    if found != digest:
+        return None, f"the sealed payload has digest {found}, the command {digest}"
+    return payload, ""
+
+
+def effect_refuse_tampered_claim(
+    *, effect_id: str, fence: int, attempt_id: int, problem: str, actor: str
+) -> None:
+    """A fast claim found the payload tampered after it claimed: nothing was sent, so the
+    effect goes DISPATCHING → NOT_STARTED (at the claim's fence), frozen and flagged, and the
+    attempt is closed. The reconciler's flag sweep opens the owners' case."""
+    from gateway.choices import AttemptState, EffectStatus, Outcome
+    from gateway.models import Attempt
+
+    logger.error("payload tampered", extra={"effect_id": effect_id, "problem": problem})
+    reason = f"{problem}; frozen, never sent"
+    with transaction.atomic():
+        effect = Effect.objects.select_related("command").get(pk=effect_id)
+        moved = ledger.transition(
+            effect,
+            to=EffectStatus.NOT_STARTED,
+            actor=actor,
+            kind="payload_tampered",
+            reason=reason,
+            expect_fence=fence,
+            data={"payload_digest": effect.command.payload_digest},
+            frozen=True,
+            mismatch=True,
+            next_dispatch_at=None,
+            lease_expires_at=None,
+        )
+        Attempt.objects.filter(pk=attempt_id, state=AttemptState.SENDING).update(
+            state=AttemptState.FINISHED,
+            outcome=Outcome.NOT_STARTED,
+            error=f"not sent: {problem}"[:2000],
+            finished_at=timezone.now(),
+        )
+        if moved:
+            for listener in hooks.mismatch_found:
+                listener(effect, actor=actor, reason=reason)
 
 
 def effect_refuse_tampered(*, effect: Effect, problem: str, actor: str) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -97,9 +97,8 @@ def transition(
     """
     if to not in ALLOWED_TRANSITIONS[effect.status]:
         raise InvalidTransition(f"{effect.pk} cannot go from {effect.status} to {to}")
-    # Chain head first, then the row: the lock order that keeps two transitions of one
-    # tenant from deadlocking (see gateway.audit).
-    audit.lock_chain(effect.tenant_id)
+    # No tenant-wide lock: the row's compare-and-set is the only lock a transition takes; the
+    # event is sealed into the audit chain after commit (gateway.audit).
     now = timezone.now()
     query = Effect.objects.filter(pk=effect.pk, status=effect.status)
     if expect_fence is not None:
@@ -241,7 +240,22 @@ def schedule_checks(effect_ids: Iterable[str], at: datetime, **only: Any) -> int
 
 def enqueue_dispatch(effect_id: str) -> None:
     # After commit: a worker must never pick up an effect whose row it cannot see yet.
-    transaction.on_commit(partial(hooks.dispatch_sender.send, effect_id))
+    transaction.on_commit(partial(publish, hooks.dispatch_sender.send, effect_id))
+
+
+def publish(send: Callable[[str], Any], object_id: str) -> None:
+    """Hand a committed effect (or saga) to the broker. A broker that is down must not turn a
+    committed command into an error answer (the caller would resubmit under a new key): the
+    ledger is the record, and the sweepers send what is due when the broker is back (an
+    effect's ``next_dispatch_at`` is set before it commits)."""
+    try:
+        send(object_id)
+    except Exception:
+        logger.warning(
+            "publish failed; the sweeper will send it",
+            extra={"object_id": object_id},
+            exc_info=True,
+        )
 
 
 def backoff(base: float, attempt: int, *, cap: float = 300.0) -> timedelta:

@@ -152,7 +152,8 @@ class EffectTypeFreeze(models.Model):
 
 
 class AuditChainHead(models.Model):
-    """The last link of a tenant's event hash chain; locked while an event is appended."""
+    """The last sealed link of a tenant's event hash chain; locked by the sequencer while it
+    seals a batch (and by multi-row writers that need a tenant-wide order, see gateway.audit)."""
 
     tenant = models.OneToOneField(
         Tenant, primary_key=True, on_delete=models.PROTECT, related_name="+"
@@ -160,6 +161,8 @@ class AuditChainHead(models.Model):
     last_hash = models.CharField(max_length=64)
     last_event_id = models.BigIntegerField(null=True, blank=True)
     length = models.BigIntegerField(default=0)
+    # When the last batch was sealed.
+    sealed_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"chain of {self.tenant_id} at {self.length}"
@@ -413,14 +416,31 @@ class EffectEvent(models.Model):
     # Evidence only (ids, status codes, digests); never the payload.
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
-    # The tenant's hash chain: hash = sha256(prev_hash + canonical JSON of this event).
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)
+    # The tenant's hash chain: hash = sha256(prev_hash + canonical JSON of this event), written
+    # once by the sequencer (gateway.audit.seal_tenant) after the event committed; empty until
+    # then. ``position`` is the event's place in the chain (1, 2, …), in commit-visible order.
+    prev_hash = models.CharField(max_length=64, blank=True, default="")
+    hash = models.CharField(max_length=64, blank=True, default="")
+    position = models.BigIntegerField(null=True, blank=True)
+    sealed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["effect", "id"]),
             models.Index(fields=["tenant", "id"], name="event_chain_order"),
+            # The sequencer's queue: a tenant's committed events not yet sealed.
+            models.Index(
+                fields=["tenant", "id"],
+                name="event_unsealed",
+                condition=models.Q(position__isnull=True),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "position"],
+                name="event_chain_position",
+                condition=models.Q(position__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

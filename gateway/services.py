@@ -17,14 +17,16 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
-from gateway import audit, capabilities, hooks, ledger
+from gateway import audit, capabilities, fastpath, hooks, ledger
 from gateway.choices import APPROVER_ROLES as APPROVER_ROLES
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -48,8 +50,10 @@ from gateway.errors import (
 )
 from gateway.integrity import (
     effect_refuse_tampered,
+    effect_refuse_tampered_claim,
     open_command_payload,
     payload_binding,
+    verified_claimed_payload,
     verified_payload,
 )
 from gateway.ledger import MAX_KEY_LENGTH as MAX_KEY_LENGTH
@@ -180,6 +184,11 @@ def command_submit(
         raise NotPermitted(f"Principal {principal.name} is frozen.")
 
     digest = payload_digest(type=contract.type, resource=resource, payload=payload)
+    if compensates is None and not saga_id and fastpath.enabled():
+        fast = _submit_fast(principal, contract, idempotency_key, digest, resource, payload,
+                            intent, context, expires_in)  # fmt: skip
+        if fast is not None:
+            return fast
     existing = _existing_command(principal, idempotency_key, digest)
     if existing is not None:
         return Submission(existing, created=False)
@@ -253,6 +262,8 @@ def command_submit(
                 else "",
                 data={"idempotency_key": idempotency_key, "payload_digest": digest},
             )
+            for listener in hooks.effect_created:
+                listener(effect)
             if not needs_approval:
                 ledger.enqueue_dispatch(effect.pk)
     except IntegrityError:
@@ -264,6 +275,56 @@ def command_submit(
     return Submission(effect, created=True)
 
 
+def _submit_fast(principal, contract, key, digest, resource, payload, intent, context, expires_in):
+    """The one-statement submission (gateway.fastpath), for a command that reserves nothing
+    and belongs to no saga; None when the general path must decide."""
+    if len(hooks.effect_created) and contract.requires_approval(payload):
+        # A command that waits for an approver is announced (hooks.effect_created) in the
+        # transaction that writes it, which is the general path's; the wait is human anyway.
+        return None
+    now = timezone.now()
+    capability = None
+    if principal.role == Role.AGENT:
+        capability = fastpath.unlimited_grant(principal, contract, resource, now)
+        if capability is None:
+            return None  # no grant (the general path says why) or a budget to reserve
+    effect_id = new_effect_id()
+    written = fastpath.submit(
+        effect_id=effect_id,
+        principal=principal,
+        contract=contract,
+        idempotency_key=key,
+        digest=digest,
+        resource=resource,
+        payload=payload,
+        intent=intent,
+        context=context,
+        expires_in=expires_in,
+        # Bound to this command: a ciphertext copied from another row won't open.
+        sealed=seal_bound(payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)),
+        redacted=redact(payload, contract),
+        capability=capability,
+        now=now,
+    )
+    if written is None:
+        return None
+    if not written.created:
+        _check_replay_digest(written.effect.command, key, digest)
+    elif written.effect.status == S.PREPARED:
+        ledger.enqueue_dispatch(written.effect.pk)  # committed (one statement, autocommit)
+    return Submission(written.effect, created=written.created)
+
+
+def _check_replay_digest(command: Command, key: str, digest: str) -> None:
+    if command.payload_digest != digest:
+        raise IdempotencyKeyMismatch(
+            f"Idempotency key {key!r} was used for command {command.effect_id} with digest "
+            f"{command.payload_digest}; this request has digest {digest}. Send the identical "
+            "command to replay it, or use a new key for a new command.",
+            extra={"effect_id": command.effect_id, "payload_digest": command.payload_digest},
+        )
+
+
 def _existing_command(principal: Principal, key: str, digest: str) -> Effect | None:
     command = (
         Command.objects.filter(tenant_id=principal.tenant_id, idempotency_key=key)
@@ -272,13 +333,7 @@ def _existing_command(principal: Principal, key: str, digest: str) -> Effect | N
     )
     if command is None:
         return None
-    if command.payload_digest != digest:
-        raise IdempotencyKeyMismatch(
-            f"Idempotency key {key!r} was used for command {command.effect_id} with digest "
-            f"{command.payload_digest}; this request has digest {digest}. Send the identical "
-            "command to replay it, or use a new key for a new command.",
-            extra={"effect_id": command.effect_id, "payload_digest": command.payload_digest},
-        )
+    _check_replay_digest(command, key, digest)
     return Effect.objects.select_related("command").get(pk=command.effect_id)
 
 
@@ -702,6 +757,10 @@ def execute_request(
 def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
     """Claim, send once, record. False when there was nothing to send."""
     worker = worker or worker_name()
+    if fastpath.enabled():
+        sent = _dispatch_fast(effect_id, worker)
+        if sent is not None:
+            return sent
     claim = effect_claim(effect_id=effect_id, worker=worker)
     if claim is None:
         return False
@@ -720,6 +779,67 @@ def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
     _observe_dispatch(effect.type, result, (timezone.now() - started).total_seconds())
     failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
     effect_record_outcome(claim=claim, result=result, worker=worker)
+    failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
+    return True
+
+
+def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
+    """Claim, send, record in two statements (gateway.fastpath), same failpoints and rules as
+    below. None when the claim's checks do not all hold: the general path decides."""
+    claim = fastpath.claim(effect_id=effect_id, worker=worker)
+    if claim is None:
+        return None
+    logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    payload, problem = verified_claimed_payload(
+        effect_id=effect_id,
+        sealed=claim.payload_sealed,
+        type=claim.type,
+        resource=claim.resource,
+        digest=claim.payload_digest,
+    )
+    if payload is None:
+        effect_refuse_tampered_claim(
+            effect_id=effect_id,
+            fence=claim.fence,
+            attempt_id=claim.attempt_id,
+            problem=problem,
+            actor=f"worker:{worker}",
+        )
+        return True
+    failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
+    contract = get_contract(claim.type)
+    assert contract is not None, f"no contract for {claim.type}"
+    adapter = adapter_for(contract)
+    request = ExecuteRequest(
+        effect_id=effect_id,
+        type=claim.type,
+        idempotency_key=claim.provider_key,
+        resource=claim.resource,
+        payload=payload,
+        payload_digest=claim.payload_digest,
+        timeout=settings.GATEWAY_PROVIDER_TIMEOUT,
+    )
+    started = timezone.now()
+    result = adapter.execute(request)
+    if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
+        result = _settle_by_lookup(adapter, request, contract, result)
+    _observe_dispatch(claim.type, result, (timezone.now() - started).total_seconds())
+    failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
+    now = timezone.now()
+    counts = Effect(attempt_count=claim.attempt_number, check_count=claim.check_count)
+    fields = outcome_fields(counts, result, now=now)
+    if fastpath.record(claim=claim, result=result, worker=worker, fields=fields, now=now):
+        logger.info(
+            "effect transition",
+            extra={
+                "effect_id": effect_id,
+                "from": S.DISPATCHING,
+                "to": OUTCOME_STATUS[result.outcome],
+            },
+        )
+    else:  # stale, or a compensation / saga / webhook endpoint needs the general record
+        general = Claim(effect_id, claim.fence, claim.attempt_id, claim.attempt_number)
+        effect_record_outcome(claim=general, result=result, worker=worker)
     failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
     return True
 
@@ -760,25 +880,27 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
 
 
-def redeliver_at(*, now, waiting_since):
-    """When the sweeper may send an overdue effect's message again: after as long as it has
-    waited so far (at least GATEWAY_REDELIVER_AFTER, at most GATEWAY_REDELIVER_MAX).
+def redeliver_at(now: datetime) -> Any:
+    """When the sweeper may send an overdue effect's message again (an SQL expression on the
+    row): after as long as the effect has waited so far, at least GATEWAY_REDELIVER_AFTER and
+    at most GATEWAY_REDELIVER_MAX.
 
     The first message is most likely waiting behind a backlog, not lost: a fixed interval
     re-sent every waiting effect every 30 s (300 effects queued → 1983 messages, 1620 of them
     no-ops that lengthened the very backlog). Doubling the wait bounds the copies per effect
     by log2(backlog / interval) and still resends a truly lost message within the cap.
     """
-    waited = (now - waiting_since).total_seconds() if waiting_since else 0.0
-    seconds = min(max(settings.GATEWAY_REDELIVER_AFTER, waited), settings.GATEWAY_REDELIVER_MAX)
-    return now + timedelta(seconds=seconds)
+    waited = ExpressionWrapper(Value(now) - F("status_changed_at"), output_field=DurationField())
+    wait = Least(
+        Greatest(Value(timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)), waited),
+        Value(timedelta(seconds=settings.GATEWAY_REDELIVER_MAX)),
+    )
+    return ExpressionWrapper(Value(now) + wait, output_field=DateTimeField())
 
 
 def dispatch_sweep(*, limit: int = 500) -> int:
     """Re-enqueue PREPARED/NOT_STARTED effects whose task has gone quiet, and expire the ones
     whose command ran out. The broker can lose a message; the ledger cannot."""
-    from gateway.tasks import dispatch_effect
-
     now = timezone.now()
     expired = 0
     for effect in Effect.objects.select_related("command").filter(
@@ -793,18 +915,17 @@ def dispatch_sweep(*, limit: int = 500) -> int:
     # refuse them every sweep is noise.
     for hold in hooks.dispatch_holds:
         waiting = hold.exclude(waiting)
-    due = list(
-        waiting.order_by("next_dispatch_at").values_list(
-            "pk", "next_dispatch_at", "status_changed_at"
-        )[:limit]
-    )
-    sent = 0
-    for effect_id, was_due, waiting_since in due:
-        # Compare-and-set on the due time: two beat processes (a misconfiguration) would
-        # otherwise both enqueue; even then the claim lets only one message send.
-        if Effect.objects.filter(pk=effect_id, next_dispatch_at=was_due).update(
-            next_dispatch_at=redeliver_at(now=now, waiting_since=waiting_since)
-        ):
-            dispatch_effect.delay(effect_id)
-            sent += 1
-    return sent + expired
+    # One batch: the due rows locked and pushed back in two statements, however many.
+    # SKIP LOCKED against a second sweeper (two beats, a misconfiguration) and against a
+    # worker claiming one of them right now; even a double enqueue sends once (the claim).
+    with transaction.atomic():
+        due = list(
+            waiting.order_by("next_dispatch_at")
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("pk", flat=True)[:limit]
+        )
+        if due:
+            Effect.objects.filter(pk__in=due).update(next_dispatch_at=redeliver_at(now))
+    for effect_id in due:
+        ledger.publish(hooks.dispatch_sender.send, effect_id)
+    return len(due) + expired

@@ -1,8 +1,9 @@
 """Settings for the Effect Gateway, all from environment variables (SPEC §2).
 
-The defaults run on one machine with nothing else installed: a SQLite file and Celery's
-filesystem broker under ``var/``. Production and CI set ``DATABASE_URL`` (PostgreSQL) and
-``CELERY_BROKER_URL`` (Redis).
+The defaults run on one machine with nothing else installed, on the production engines:
+PostgreSQL and Valkey (Redis) from wheels, data under ``var/``, reached by unix sockets
+(``gateway.embedded``; ``manage.py``, ``make demo`` and the test plugin start them). Production
+and CI set ``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis) to their servers.
 """
 
 import json
@@ -13,6 +14,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
+
+from gateway import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GATEWAY_VAR_DIR", BASE_DIR / "var"))
@@ -123,25 +126,18 @@ TEMPLATES = [
 ]
 
 # --- The ledger database -------------------------------------------------------------------
-_DEFAULT_SQLITE = f"sqlite:///{VAR_DIR / 'gateway.sqlite3'}"
+# PostgreSQL only: row locks (SKIP LOCKED), the append-only triggers and real concurrency are
+# what the ledger's guarantees rest on, so there is no second engine to keep equivalent.
+_EMBEDDED_RUN_DIR = embedded.socket_dir(VAR_DIR)
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", _DEFAULT_SQLITE), conn_max_age=60, conn_health_checks=True
+        env_str("DATABASE_URL", "") or embedded.database_url(_EMBEDDED_RUN_DIR),
+        conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    # Web, worker and beat share the file: WAL lets readers run beside the one writer,
-    # IMMEDIATE takes the write lock at BEGIN so two writers queue instead of deadlocking.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"]["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-    }
-    # Tests on SQLite use a file, so that worker processes started by a test see its rows;
-    # one per test run, so that two runs on one machine do not lock each other out.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_gateway_{os.getpid()}.sqlite3")}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -224,6 +220,9 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"token": env_str("GATEWAY_TOKEN_RATE", "6000/min")},
     "UNAUTHENTICATED_USER": None,
 }
+# Seconds a web process trusts a token (and its principal) it has already looked up; a
+# revocation or a freeze reaches every process within this (docs/security.md). 0: no cache.
+GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
@@ -235,25 +234,22 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {"SagaStateEnum": "sagas.choices.SagaState"},
+    # JSON Schema 2020-12 inside (the contracts' payload schemas are written in it), and the
+    # per-type command schemas, error answers and list shapes (gateway.api.schema).
+    "OAS_VERSION": "3.1.0",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gateway.api.schema.postprocess",
+    ],
 }
 
 # --- Celery ------------------------------------------------------------------------------------
-_BROKER_DIR = VAR_DIR / "broker"
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
-if CELERY_BROKER_URL.startswith("filesystem://"):
-    for sub in ("out", "processed", "control"):
-        (_BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_BROKER_DIR / "out"),
-        "data_folder_out": str(_BROKER_DIR / "out"),
-        "processed_folder": str(_BROKER_DIR / "processed"),
-        "control_folder": str(_BROKER_DIR / "control"),
-        "store_processed": False,
-    }
-else:
-    # Redis redelivers an unacknowledged message after this long. It must exceed the longest
-    # task; a redelivery is harmless anyway (the claim is compare-and-set).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or embedded.broker_url(_EMBEDDED_RUN_DIR)
+if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")):
+    raise ImproperlyConfigured("CELERY_BROKER_URL must be a redis:// URL (Redis or Valkey)")
+# Redis redelivers an unacknowledged message after this long. It must exceed the longest
+# task; a redelivery is harmless anyway (the claim is compare-and-set).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
 # Recovery (lease recovery, reconciliation, the dispatch sweeper) has a queue of its own, so it
@@ -270,6 +266,11 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
+# Celery's Django fixup closes the database connection around every task unless this is set:
+# a new PostgreSQL backend per task (the largest share of a worker's CPU per effect once the
+# rest was cheap). Reuse it for this many tasks; Django's CONN_MAX_AGE and health checks
+# still retire a connection that is old or broken.
+CELERY_DB_REUSE_MAX = env_int("GATEWAY_CELERY_DB_REUSE_MAX", 1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
@@ -301,6 +302,11 @@ if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
 ):
     raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
 GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
+# The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the
+# general path for every effect (same rules, more round trips).
+GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
+# Seconds a provider connection is kept alive between calls (0: a new connection per call).
+GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
 # A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
 # let recovery declare a call that is still running UNKNOWN and the reconciler race it.
@@ -355,6 +361,14 @@ if PRODUCTION and not GATEWAY_AUDIT_SIGNING_KEY:
     raise ImproperlyConfigured("GATEWAY_AUDIT_SIGNING_KEY must be set in production")
 GATEWAY_CHECKPOINT_DIR = env_str("GATEWAY_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
 GATEWAY_CHECKPOINT_INTERVAL = env_number("GATEWAY_CHECKPOINT_INTERVAL", 300)
+# The audit sequencer: how often it seals committed events into the chain, how many per
+# transaction, and into how many tenant shards the work is split (one beat entry each).
+GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 0.5)
+GATEWAY_AUDIT_SEAL_BATCH = env_int("GATEWAY_AUDIT_SEAL_BATCH", 1000)
+GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
+# A queue of its own for the sequencer (workers must consume it too: -Q celery,audit), so
+# that a seal pass never waits behind a deep dispatch queue; empty: the default queue.
+GATEWAY_AUDIT_QUEUE = env_str("GATEWAY_AUDIT_QUEUE", "")
 
 CELERY_BEAT_SCHEDULE = {
     "recover-leases": {
@@ -381,9 +395,30 @@ CELERY_BEAT_SCHEDULE = {
         "task": "gateway.tasks.write_audit_checkpoints",
         "schedule": timedelta(seconds=GATEWAY_CHECKPOINT_INTERVAL),
     },
+    **{
+        f"seal-audit-{shard}": {
+            "task": "gateway.tasks.seal_audit",
+            "schedule": timedelta(seconds=GATEWAY_AUDIT_SEAL_INTERVAL),
+            "args": (shard, GATEWAY_AUDIT_SHARDS),
+            # A pass that waited longer than two intervals is superseded by the next one.
+            "options": {
+                "expires": 2 * GATEWAY_AUDIT_SEAL_INTERVAL,
+                **({"queue": GATEWAY_AUDIT_QUEUE} if GATEWAY_AUDIT_QUEUE else {}),
+            },
+        }
+        for shard in range(GATEWAY_AUDIT_SHARDS)
+    },
 }
 
 # --- Logging: one JSON object a line, never a payload ---------------------------------------
+# LOG_FORMAT=text is for people (the demo): time, level, message and the record's fields.
+# LOG_TRANSITIONS_LEVEL keeps the one line per effect / saga state change when LOG_LEVEL
+# quiets everything else (the demo runs with WARNING + INFO).
+_LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+_TRANSITIONS_LEVEL = env_str("LOG_TRANSITIONS_LEVEL", _LOG_LEVEL)
+_LOG_FORMAT = env_str("LOG_FORMAT", "json")
+if _LOG_FORMAT not in {"json", "text"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={_LOG_FORMAT!r}: use json or text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -393,8 +428,15 @@ LOGGING = {
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
+        "text": {"()": "gateway.embedded.logs.TextFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": _LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": _LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # runserver's request lines: one per static file is noise below INFO.
+        "django.server": {"level": _LOG_LEVEL},
+        "gateway.services": {"level": _TRANSITIONS_LEVEL},
+        "sagas.services": {"level": _TRANSITIONS_LEVEL},
+    },
 }

@@ -3,7 +3,7 @@ no-op because every service starts with a compare-and-set."""
 
 from celery import shared_task
 
-from gateway import services
+from gateway import audit, services
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -21,3 +21,8 @@ def write_audit_checkpoints() -> int:
     from gateway.checkpoints import checkpoints_write_all
 
     return checkpoints_write_all()
+
+
+@shared_task(ignore_result=True)
+def seal_audit(shard: int = 0, shards: int = 1) -> int:
+    return audit.seal_pending(shard=shard, shards=shards)

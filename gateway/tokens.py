@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gateway import audit
+from gateway import audit, trust
 from gateway.choices import Role
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
 from gateway.models import ApiToken, Principal
@@ -98,6 +98,8 @@ def token_revoke(*, token: ApiToken, actor: Principal | None, reason: str = "") 
         )
         if not changed:
             raise InvalidTransition(f"Token {token.prefix}… is already revoked.")
+        # This process forgets it at once; others within GATEWAY_TOKEN_CACHE_TTL (gateway.trust).
+        trust.tokens.forget(token.token_hash)
         audit.record_control(
             tenant_id=token.principal.tenant_id,
             kind="token_revoked",

@@ -8,6 +8,7 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gateway import health
+from gateway.api_root import api_root
 from gateway.console import urls as console_urls
 from gateway.metrics_access import metrics_guard
 from reconciliation import urls as reconciliation_urls
@@ -24,6 +25,8 @@ console = [
 ]
 
 urlpatterns = [
+    path("api/", api_root, name="api-root"),
+    path("api/v1/", api_root, name="api-root-v1"),
     path("api/v1/", include("gateway.api.urls")),
     path("api/v1/", include("gateway.webhooks.api.urls")),
     path("hooks/claude-code/", include("gateway.agent_hooks.urls")),

@@ -15,6 +15,7 @@ from functools import partial
 from django.db import transaction
 from django.db.models import QuerySet
 
+from gateway import ledger
 from gateway.hooks import DispatchHold
 from gateway.models import Effect
 from sagas.models import SagaRun
@@ -26,7 +27,7 @@ from sagas.tasks import advance_saga
 def advance_after_transition(effect: Effect, *, from_status: str, to: str) -> None:
     saga_id = effect.command.saga_id
     if saga_id:
-        transaction.on_commit(partial(advance_saga.delay, saga_id))
+        transaction.on_commit(partial(ledger.publish, advance_saga.delay, saga_id))
 
 
 def _held(effect: Effect) -> bool:

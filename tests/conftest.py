@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 from rest_framework.test import APIClient
 
 from gateway.celery import app as celery_app
@@ -20,17 +19,35 @@ from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
 PROVIDER_NAMES = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
 
+# Tests that hold many database connections at once: twenty racing threads, or real worker
+# and beat processes. Under pytest-xdist (`--dist loadgroup`) they all run on one worker, one
+# at a time, so a run's connections stay near one such test's plus the other worker's one or
+# two, under the embedded server's cap; and real workers never compete with each other for
+# the two cores, which keeps their timing (lease, backoff) far from the tests' timeouts.
+MANY_CONNECTIONS = (
+    "tests/gateway/test_concurrency.py",
+    "tests/sagas/test_concurrency.py",
+    "tests/reconciliation/test_concurrency.py",
+    "tests/gateway/test_security.py::test_concurrent_submissions_never_overspend_a_budget",
+)
+
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``postgres`` need row locks and real concurrency: skip them, with the
-    reason, when the suite runs on the SQLite default."""
-    vendor = connection.vendor
-    if vendor == "postgresql":
-        return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://…; .ci/run does)")
+    group = pytest.mark.xdist_group("many-connections")
     for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
+        if "worker" in item.keywords or item.nodeid.startswith(MANY_CONNECTIONS):
+            item.add_marker(group)
+
+
+@pytest.fixture(autouse=True)
+def _token_cache_off(settings):
+    """Tests revoke tokens by writing the table and expect the next request to be refused:
+    the per-process token cache (GATEWAY_TOKEN_CACHE_TTL) is off unless a test turns it on
+    (tests/gateway/test_token_cache.py)."""
+    from gateway import trust
+
+    settings.GATEWAY_TOKEN_CACHE_TTL = 0
+    trust.clear()
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from effect_gateway_client.models import tool_name
+
 from gateway.agent_hooks import patterns, shell
-from gateway.client.models import tool_name
 from gateway.contracts import CONTRACTS, EffectContract
 
 MCP_SERVER = "effect-gateway"

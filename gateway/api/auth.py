@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, throttling
 
+from gateway import trust
 from gateway.errors import NotPermitted
 from gateway.models import ApiToken, Principal
 from gateway.tokens import TOKEN_PREFIX as TOKEN_PREFIX
@@ -34,6 +34,28 @@ class PrincipalUser:
         return self.principal.pk
 
 
+def _token_record(digest: str) -> ApiToken | None:
+    """The live token with this hash, from this process's short trust (gateway.trust) or
+    the database."""
+    record = trust.tokens.get(digest)
+    if record is not None:
+        return record
+    record = (
+        ApiToken.objects.select_related("principal__tenant")
+        .filter(token_hash=digest, revoked_at__isnull=True)
+        .first()
+    )
+    if record is None:
+        trust.tokens.forget(digest)
+        return None
+    seen = timezone.now()
+    if record.last_used_at is None or (seen - record.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=record.pk).update(last_used_at=seen)
+        record.last_used_at = seen
+    trust.tokens.put(digest, record)
+    return record
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -47,22 +69,16 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             token = header[1].decode()
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("The token is not valid.") from None
-        now = timezone.now()
-        record = (
-            ApiToken.objects.select_related("principal__tenant")
-            .filter(token_hash=hash_token(token), revoked_at__isnull=True)
-            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-            .first()
-        )
-        if record is None:
+        record = _token_record(hash_token(token))
+        if record is None or (
+            record.expires_at is not None and record.expires_at <= timezone.now()
+        ):
             raise exceptions.AuthenticationFailed("The token is not valid, expired or was revoked.")
         if record.principal.frozen:
             # A frozen principal reads nothing either: freezing is the incident brake.
             raise exceptions.PermissionDenied(
                 f"Principal {record.principal.name} is frozen: its tokens read nothing."
             )
-        if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
-            ApiToken.objects.filter(pk=record.pk).update(last_used_at=now)
         return PrincipalUser(record.principal), record
 
     def authenticate_header(self, request) -> str:

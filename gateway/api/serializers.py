@@ -135,7 +135,8 @@ class EffectSerializer(serializers.ModelSerializer):
     def get_payload(self, effect: Effect):
         viewer = self._viewer()
         if viewer is not None and selectors.may_see_payload(viewer, effect):
-            return command_payload(effect.command)
+            clear = getattr(effect, "_clear_payload", None)  # just submitted: no decryption
+            return clear if clear is not None else command_payload(effect.command)
         return effect.command.payload_redacted
 
     def to_representation(self, effect: Effect):
@@ -158,7 +159,10 @@ class EffectSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(ReceiptSerializer(allow_null=True))
     def get_receipt(self, effect: Effect):
-        receipt = selectors.effect_latest_receipt(effect)
+        if hasattr(effect, "_latest_receipt"):  # read with the effect (gateway.fastpath)
+            receipt = effect._latest_receipt
+        else:
+            receipt = selectors.effect_latest_receipt(effect)
         if receipt is None:
             return None
         return ReceiptSerializer(receipt).data

@@ -51,6 +51,11 @@ class NewestFirstCapability(CursorPagination):
 
 
 def _effect_response(request: Request, effect: Effect, code: int = 200, **headers) -> Response:
+    if hasattr(effect, "_latest_receipt"):
+        # Built from what the submission statement wrote or found (gateway.fastpath): the
+        # row as committed, with its receipt; reading it again would only cost a round trip.
+        body = EffectSerializer(effect, context={"principal": principal_of(request)}).data
+        return Response(body, status=code, headers=headers or None)
     fresh = selectors.effect_get(principal=principal_of(request), effect_id=effect.pk)
     body = EffectSerializer(fresh, context={"principal": principal_of(request)}).data
     return Response(body, status=code, headers=headers or None)
@@ -285,9 +290,24 @@ def _wait_for_change(effect: Effect, seconds: float) -> Effect:
 class EffectTypesView(APIView):
     """GET /api/v1/effect-types — every contract, with its schema and an example."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "permitted",
+                OpenApiTypes.BOOL,
+                description="true: only the types the caller may submit (an agent's live "
+                "grants; operators and admins act under their role and see every type). MCP "
+                "servers list these as tools.",
+            )
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
     def get(self, request: Request) -> Response:
-        return Response({"results": [contract.as_data() for contract in CONTRACTS.values()]})
+        contracts = list(CONTRACTS.values())
+        if request.query_params.get("permitted", "").lower() in {"1", "true", "yes"}:
+            allowed = capabilities.effect_types_permitted(principal_of(request))
+            contracts = [c for c in contracts if allowed is None or c.type in allowed]
+        return Response({"results": [contract.as_data() for contract in contracts]})
 
 
 class CapabilityViewSet(viewsets.ReadOnlyModelViewSet):

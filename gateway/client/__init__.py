@@ -1,51 +1,10 @@
-"""A Python client for the Effect Gateway's HTTP API, for agent code on any runtime.
+"""The gateway's Python client, re-exported from ``effect_gateway_client``.
 
-It imports neither Django nor Celery: an agent process needs only ``httpx``.
-
-    from gateway.client import GatewayClient, deterministic_key
-
-    with GatewayClient("http://127.0.0.1:8000", token) as gateway:
-        effect = gateway.submit(
-            "billing.refund.create",
-            {"type": "order", "id": "ord_881", "version": 17},
-            {"amount": 500, "currency": "EUR", "reason": "duplicate charge"},
-            key=deterministic_key("billing.refund.create", "ord_881", "incident_120", "v1"),
-        )
-        effect = gateway.wait(effect.effect_id, timeout=60)
+The real home is the standalone package in ``clients/python`` (``pip install
+effect-gateway-client``: httpx only, no Django), so that agent code installs it beside any
+agent framework. This path stays public for code written against the Django distribution;
+``gateway.client.models`` etc. are the same module objects as ``effect_gateway_client.models``.
 """
 
-from gateway.client.client import CONTEXT_KEYS, GatewayClient
-from gateway.client.errors import (
-    AuthenticationFailed,
-    Conflict,
-    GatewayError,
-    GatewayUnavailable,
-    IdempotencyKeyMismatch,
-    NotFound,
-    NotPermitted,
-    RateLimited,
-    ValidationFailed,
-)
-from gateway.client.keys import deterministic_key
-from gateway.client.models import SETTLED, TERMINAL, Effect, EffectPage, EffectType, tool_name
-
-__all__ = [
-    "CONTEXT_KEYS",
-    "SETTLED",
-    "TERMINAL",
-    "AuthenticationFailed",
-    "Conflict",
-    "Effect",
-    "EffectPage",
-    "EffectType",
-    "GatewayClient",
-    "GatewayError",
-    "GatewayUnavailable",
-    "IdempotencyKeyMismatch",
-    "NotFound",
-    "NotPermitted",
-    "RateLimited",
-    "ValidationFailed",
-    "deterministic_key",
-    "tool_name",
-]
+from effect_gateway_client import *  # noqa: F403
+from effect_gateway_client import __all__  # noqa: F401

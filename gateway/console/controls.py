@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from gateway import capabilities, checkpoints, tokens
+from gateway import audit, capabilities, checkpoints, tokens
 from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, Role
 from gateway.console.base import ConsoleRequest, console_view, error_response, is_partial, perform
 from gateway.console.forms import GRANT_EXPIRIES, GrantForm, ReasonForm, RequiredReasonForm
@@ -135,6 +135,7 @@ def _controls_context(request: ConsoleRequest) -> dict[str, Any]:
         "expiries": GRANT_EXPIRIES,
         "now": now,
         "view_name": "controls",
+        "chain": audit.seal_state(principal.tenant_id),
     }
 
 

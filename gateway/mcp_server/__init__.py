@@ -1,9 +1,6 @@
-"""The Effect Gateway as an MCP server: ``python -m gateway.mcp_server``.
+"""The gateway's MCP server, re-exported from ``effect_gateway_client.mcp_server``
+(``effect-gateway-mcp`` once the standalone client is installed). This path stays public:
+``python -m gateway.mcp_server`` runs the same server."""
 
-One tool per effect type (generated from ``GET /api/v1/effect-types``) and read tools to
-follow effects, all through the gateway's HTTP API. Needs the ``integrations`` extra (``mcp``).
-"""
-
-from gateway.mcp_server.server import SERVER_NAME, build_server, tool_name
-
-__all__ = ["SERVER_NAME", "build_server", "tool_name"]
+from effect_gateway_client.mcp_server import *  # noqa: F403
+from effect_gateway_client.mcp_server import __all__  # noqa: F401

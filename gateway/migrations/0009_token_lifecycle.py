@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("gateway", "0007_effect_before_dispatch"),
+        ("gateway", "0008_audit_sequencer"),
     ]
 
     operations = [

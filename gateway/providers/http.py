@@ -6,9 +6,13 @@ never NOT_STARTED. Only a failure to connect proves the provider did not receive
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
+import httpcore
 import httpx
+from django.conf import settings
 
 from gateway.choices import Outcome
 from gateway.providers.base import (
@@ -31,14 +35,118 @@ _STATUS_OUTCOME = {
 _COME_BACK_LATER = frozenset({408, 425, 429})
 
 
-def _client(timeout: float) -> httpx.Client:
-    # No keep-alive: a reused connection that the server already closed would fail after the
-    # request was written, turning a clean "not sent" into an UNKNOWN.
-    return httpx.Client(
-        timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-        limits=httpx.Limits(max_keepalive_connections=0),
-        follow_redirects=False,
-    )
+class _Progress(threading.local):
+    """Bytes of the current request the kernel accepted, per thread: the evidence that
+    separates "nothing left this machine" from "it may have been received"."""
+
+    sent = 0
+
+
+_progress = _Progress()
+
+
+class _CountingStream(httpcore.NetworkStream):
+    """A network stream that writes with ``send`` and counts what each call accepted.
+
+    httpcore swallows a write error and goes on to read the answer (a server may refuse a
+    request early with a well-formed response), so the exception that reaches us does not say
+    whether the write failed or the read did. The count does.
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        sock = self._inner.get_extra_info("socket")
+        if sock is None:  # not a plain or TLS socket: count the whole buffer once written
+            self._inner.write(buffer, timeout)
+            _progress.sent += len(buffer)
+            return
+        try:
+            while buffer:
+                sock.settimeout(timeout)
+                accepted = sock.send(buffer)
+                _progress.sent += accepted
+                buffer = buffer[accepted:]
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(exc) from exc
+        except OSError as exc:
+            raise httpcore.WriteError(exc) from exc
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        return _CountingStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str):
+        return self._inner.get_extra_info(info)
+
+
+class _CountingBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _CountingStream(stream)
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):  # pragma: no cover
+        return _CountingStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:  # pragma: no cover
+        self._inner.sleep(seconds)
+
+
+class _Transport(httpx.HTTPTransport):
+    """httpx's transport with one SSL context, a keep-alive pool and the counting backend."""
+
+    def __init__(self, *, keepalive: float) -> None:
+        super().__init__()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=_MAX_CONNECTIONS,
+            max_keepalive_connections=_MAX_CONNECTIONS if keepalive > 0 else 0,
+            keepalive_expiry=keepalive,
+            network_backend=_CountingBackend(),
+        )
+
+
+# Per host, per worker process; a prefork worker runs one task at a time, a threaded web
+# process a few. Beyond this many, a call waits for a connection (PoolTimeout: not sent).
+_MAX_CONNECTIONS = 16
+_clients: dict[int, httpx.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _client() -> httpx.Client:
+    """This process's provider client: one SSL context (loading the CA bundle costs tens of
+    milliseconds of CPU) and a pool of kept-alive connections, created after a fork, never
+    inherited from a parent's sockets."""
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is None:
+        with _clients_lock:
+            client = _clients.get(pid)
+            if client is None:
+                _clients.clear()  # a parent's client: its sockets belong to the parent
+                keepalive = float(getattr(settings, "GATEWAY_PROVIDER_KEEPALIVE", 5.0))
+                # trust_env off: a proxy from the environment would bypass the counting
+                # transport, and a failure through it could not be told apart.
+                client = httpx.Client(
+                    transport=_Transport(keepalive=keepalive),
+                    follow_redirects=False,
+                    trust_env=False,
+                )
+                _clients[pid] = client
+    return client
+
+
+def _timeout(seconds: float) -> httpx.Timeout:
+    return httpx.Timeout(seconds, connect=min(seconds, 5.0), pool=min(seconds, 5.0))
 
 
 def parse_operation(body: Any) -> ProviderOperation | None:
@@ -170,22 +278,35 @@ class HttpProviderAdapter:
             "payload_digest": request.payload_digest,
         }
         headers = {"Idempotency-Key": request.idempotency_key, "X-Effect-Id": request.effect_id}
+        _progress.sent = 0
         try:
-            with _client(request.timeout) as client:
-                response = client.post(f"{self.base_url}/operations", json=body, headers=headers)
+            response = _client().post(
+                f"{self.base_url}/operations",
+                json=body,
+                headers=headers,
+                timeout=_timeout(request.timeout),
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             return CallResult(
                 Outcome.NOT_STARTED,
                 "could not connect: nothing was sent",
                 error=f"{type(exc).__name__}: {exc}",
             )
-        except httpx.TimeoutException as exc:
-            return CallResult(
-                Outcome.UNKNOWN,
-                "timed out after the request was sent",
-                error=f"{type(exc).__name__}: {exc}",
-            )
         except httpx.TransportError as exc:
+            if _progress.sent == 0:
+                # A kept-alive connection the provider had closed: the write failed before
+                # the kernel accepted a single byte, so the provider cannot have received it.
+                return CallResult(
+                    Outcome.NOT_STARTED,
+                    "the connection failed before any byte of the request was written",
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            if isinstance(exc, httpx.TimeoutException):
+                return CallResult(
+                    Outcome.UNKNOWN,
+                    "timed out after the request was sent",
+                    error=f"{type(exc).__name__}: {exc}",
+                )
             # Reset, closed without an answer, broken pipe mid-body: it may have been received.
             return CallResult(
                 Outcome.UNKNOWN,
@@ -206,8 +327,7 @@ class HttpProviderAdapter:
         else:
             url, params = f"{self.base_url}/operations", {"idempotency_key": idempotency_key}
         try:
-            with _client(timeout) as client:
-                response = client.get(url, params=params)
+            response = _client().get(url, params=params, timeout=_timeout(timeout))
         except httpx.HTTPError as exc:
             return LookupResult(LookupStatus.UNREACHABLE, error=f"{type(exc).__name__}: {exc}")
         if response.status_code == 404:

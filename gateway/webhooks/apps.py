@@ -9,6 +9,16 @@ def announce_transition(effect, *, from_status: str, to: str) -> None:
     outbox_record(effect, to_status=to)
 
 
+def announce_creation(effect) -> None:
+    """``hooks.effect_created`` listener: a new effect that waits for approval is announced
+    like a transition (the agent waits on that state)."""
+    from gateway.choices import EffectStatus
+    from gateway.webhooks.services import outbox_record
+
+    if effect.status == EffectStatus.AWAITING_APPROVAL:
+        outbox_record(effect, to_status=effect.status)
+
+
 class WebhooksConfig(AppConfig):
     """Outgoing webhooks: signed notices of effect changes, from an outbox, at least once."""
 
@@ -20,3 +30,4 @@ class WebhooksConfig(AppConfig):
         from gateway import hooks
 
         hooks.after_transition.register(announce_transition)
+        hooks.effect_created.register(announce_creation)

@@ -29,6 +29,9 @@ class WebhookEndpoint(models.Model):
     # ``whsec_<base64>`` (Standard Webhooks), encrypted with the vault key; shown once.
     secret_sealed = models.TextField()
     event_types = models.JSONField(default=list)
+    # Filters (empty: everything): the requesting principals' names, the context.run_id values.
+    principals = models.JSONField(default=list, blank=True)
+    run_ids = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
     created_by = models.CharField(max_length=200)
@@ -43,6 +46,12 @@ class WebhookEndpoint(models.Model):
 
     def subscribes_to(self, event_type: str) -> bool:
         return event_type in self.event_types
+
+    def wants(self, *, principal: str, run_id: str | None) -> bool:
+        """Whether the effects of ``principal`` with this ``context.run_id`` pass the filters."""
+        if self.principals and principal not in self.principals:
+            return False
+        return not self.run_ids or run_id in self.run_ids
 
 
 class WebhookMessage(models.Model):

@@ -16,8 +16,10 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from functools import partial
+from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,6 +42,16 @@ S = EffectStatus
 M = MessageState
 # Not imported from gateway.services: the ledger imports this module to write the outbox.
 OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+
+
+def user_agent() -> str:
+    """``effect-gateway/<version>``: receivers can tell the gateway's requests (and its
+    version) from anything else that posts to them."""
+    try:
+        version = metadata.version("effect-gateway")
+    except metadata.PackageNotFoundError:
+        version = "0"
+    return f"effect-gateway/{version} (webhooks; +https://www.standardwebhooks.com)"
 
 
 def _setting(name: str, default: float) -> float:
@@ -93,7 +105,7 @@ def internal_address(host: str) -> str | None:
     except socket.gaierror:
         return None  # unresolvable: nothing can be reached; the delivery fails and retries
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if any(getattr(address, attribute) for attribute in _INTERNAL):
             return str(address)
     return None
@@ -125,8 +137,14 @@ def endpoint_create(
     url: str,
     event_types: list[str] | None = None,
     description: str = "",
+    principals: list[str] | None = None,
+    run_ids: list[str] | None = None,
 ) -> tuple[WebhookEndpoint, str]:
-    """Register a receiver for the principal's tenant; answers it and its secret (shown once)."""
+    """Register a receiver for the principal's tenant; answers it and its secret (shown once).
+
+    ``principals`` and ``run_ids`` narrow it to the effects those principals requested, or
+    whose ``context.run_id`` is one of those (empty: all), so an agent hears of its own only.
+    """
     _require_operator(principal)
     chosen = list(dict.fromkeys(event_types)) if event_types else list(EventType.values)
     errors: dict[str, list[str]] = {}
@@ -145,6 +163,8 @@ def endpoint_create(
         description=description,
         secret_sealed=seal_json(secret),
         event_types=chosen,
+        principals=list(dict.fromkeys(principals or [])),
+        run_ids=list(dict.fromkeys(run_ids or [])),
         created_by=principal.label,
         created_at=now,
         updated_at=now,
@@ -185,7 +205,9 @@ def endpoint_secret(endpoint: WebhookEndpoint) -> str:
 
 def _candidate_events(to_status: str) -> list[str]:
     """Events a change to ``to_status`` may announce, before knowing where it came from."""
-    events = []
+    events: list[str] = []
+    if to_status == S.PREPARED:
+        events.append(EventType.APPROVED)  # only when it left AWAITING_APPROVAL
     if to_status in (S.PREPARED, S.REJECTED):
         events.append(EventType.APPROVAL_DECIDED)  # only when it left AWAITING_APPROVAL
     if to_status in EVENT_FOR_STATUS:
@@ -193,45 +215,35 @@ def _candidate_events(to_status: str) -> list[str]:
     return events
 
 
-def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
-    """Write the webhook messages a status change announces, in the caller's transaction.
+def approval_url(effect_id: str) -> str:
+    """The console page where an approver signs the effect off (absolute when
+    GATEWAY_CONSOLE_URL is set, which production does)."""
+    base = (getattr(settings, "GATEWAY_CONSOLE_URL", "") or "").rstrip("/")
+    return f"{base}/effects/{effect_id}"
 
-    Called by the ledger for every transition; most write nothing (no event for that status,
-    or no endpoint of the tenant listens), at the cost of at most one query.
-    """
-    candidates = _candidate_events(to_status)
-    if not candidates:
-        return []
-    endpoints = [
+
+def _listeners(
+    tenant_id: Any, candidates: list[str], *, principal: str, run_id: str | None
+) -> list[WebhookEndpoint]:
+    return [
         endpoint
-        for endpoint in WebhookEndpoint.objects.filter(tenant_id=effect.tenant_id, enabled=True)
-        if any(endpoint.subscribes_to(event) for event in candidates)
+        for endpoint in WebhookEndpoint.objects.filter(tenant_id=tenant_id, enabled=True)
+        if endpoint.wants(principal=principal, run_id=run_id)
+        and any(endpoint.subscribes_to(event) for event in candidates)
     ]
-    if not endpoints:
-        return []
-    # The event the transition appended just before calling us (same transaction).
-    change = (
-        EffectEvent.objects.filter(effect_id=effect.pk, to_status=to_status)
-        .order_by("-id")
-        .values("from_status", "kind", "actor", "reason", "created_at")
-        .first()
-    ) or {"from_status": "", "kind": "", "actor": "", "reason": "", "created_at": timezone.now()}
-    events = [
-        event
-        for event in candidates
-        if event != EventType.APPROVAL_DECIDED or change["from_status"] == S.AWAITING_APPROVAL
-    ]
+
+
+def _enqueue(endpoints: list[WebhookEndpoint], events: list[tuple[str, dict]], *, effect_id: str):
     now = timezone.now()
     messages = []
-    for event in events:
-        payload = _payload(effect, event, to_status, change, now)
+    for event, payload in events:
         for endpoint in endpoints:
             if endpoint.subscribes_to(event):
                 messages.append(
                     WebhookMessage.objects.create(
                         endpoint=endpoint,
                         event_type=event,
-                        effect_id=effect.pk,
+                        effect_id=effect_id,
                         payload=payload,
                         # If the after-commit task is lost, the sweeper sends it after this.
                         next_attempt_at=now + _lease(),
@@ -247,8 +259,48 @@ def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
     return messages
 
 
+def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
+    """Write the webhook messages a status change announces, in the caller's transaction.
+
+    Called by the ledger for every transition (and by the submission of a command that waits
+    for approval); most write nothing (no event for that status, or no endpoint of the
+    tenant listens, or every listener filters it out), at the cost of at most one query.
+    """
+    candidates = _candidate_events(to_status)
+    if not candidates:
+        return []
+    command = effect.command
+    endpoints = _listeners(
+        effect.tenant_id,
+        candidates,
+        principal=command.requested_by.name,
+        run_id=(command.context or {}).get("run_id"),
+    )
+    if not endpoints:
+        return []
+    # The event the transition appended just before calling us (same transaction).
+    change = (
+        EffectEvent.objects.filter(effect_id=effect.pk, to_status=to_status)
+        .order_by("-id")
+        .values("from_status", "kind", "actor", "reason", "created_at")
+        .first()
+    ) or {"from_status": "", "kind": "", "actor": "", "reason": "", "created_at": timezone.now()}
+    decided = change["from_status"] == S.AWAITING_APPROVAL
+    events = [
+        event
+        for event in candidates
+        if event not in (EventType.APPROVAL_DECIDED, EventType.APPROVED) or decided
+    ]
+    now = timezone.now()
+    return _enqueue(
+        endpoints,
+        [(event, _payload(effect, event, to_status, change, now)) for event in events],
+        effect_id=effect.pk,
+    )
+
+
 def _payload(
-    effect: Effect, event: str, to_status: str, change: dict[str, Any], now
+    effect: Effect, event: str, to_status: str, change: Mapping[str, Any], now
 ) -> dict[str, Any]:
     """Standard Webhooks body: type, timestamp, data. Ids, statuses and correlation only —
     never the command's payload."""
@@ -261,6 +313,7 @@ def _payload(
         "to_status": to_status,
         "idempotency_key": command.idempotency_key,
         "payload_digest": command.payload_digest,
+        "requested_by": command.requested_by.name,
         "context": command.context or {},
         "reason": change["reason"],
         "actor": change["actor"],
@@ -269,12 +322,43 @@ def _payload(
     }
     if command.saga_id:
         data["saga"] = {"id": command.saga_id, "step": command.saga_step}
-    if event == EventType.APPROVAL_DECIDED:
+    if to_status == S.AWAITING_APPROVAL:
+        data["approval"] = {"url": approval_url(effect.pk), "reason": change["reason"]}
+        data["links"]["approval"] = approval_url(effect.pk)
+    elif change["from_status"] == S.AWAITING_APPROVAL and to_status in (S.PREPARED, S.REJECTED):
         data["approval"] = {
             "decision": "approved" if to_status == S.PREPARED else "rejected",
             "decided_by": change["actor"],
         }
     return {"type": event, "timestamp": now.isoformat(), "data": data}
+
+
+def saga_outbox_record(
+    run: Any, *, from_state: str, to_state: str, actor: str, reason: str = ""
+) -> list[WebhookMessage]:
+    """Announce a saga run's state change (``saga.state_changed``), in the caller's
+    transaction. Endpoints filtered by run_id do not get it: a saga has no agent run."""
+    event = EventType.SAGA_STATE_CHANGED
+    endpoints = _listeners(run.tenant_id, [event], principal=run.requested_by.name, run_id=None)
+    if not endpoints:
+        return []
+    now = timezone.now()
+    data = {
+        "saga_id": run.pk,
+        "definition": run.definition,
+        "state": to_state,
+        "from_state": from_state,
+        "to_state": to_state,
+        "idempotency_key": run.idempotency_key,
+        "requested_by": run.requested_by.name,
+        "current_step": run.current_step,
+        "reason": reason,
+        "actor": actor,
+        "occurred_at": now.isoformat(),
+        "links": {"saga": f"/api/v1/sagas/{run.pk}"},
+    }
+    payload = {"type": event, "timestamp": now.isoformat(), "data": data}
+    return _enqueue(endpoints, [(event, payload)], effect_id=run.pk)
 
 
 # --- delivery ---------------------------------------------------------------------------------
@@ -305,6 +389,7 @@ def webhook_deliver(*, message_id: str) -> bool:
     headers = signing.headers(
         endpoint_secret(endpoint), msg_id=message.pk, timestamp=int(time.time()), body=body
     )
+    headers["User-Agent"] = user_agent()
     status: int | None = None
     error = ""
     # Resolved again now, not only at registration: the name may point elsewhere since.

@@ -18,6 +18,7 @@ from gateway.choices import OPERATOR_ROLES, EffectStatus
 from gateway.errors import InvalidTransition, NotPermitted
 from gateway.models import Principal
 from gateway.services import effect_cancel
+from gateway.webhooks.services import saga_outbox_record
 from sagas.choices import ACTIVE, ALLOWED_TRANSITIONS, SagaState
 from sagas.definitions import SagaDefinition, StepContext, StepReceipt, get_definition
 from sagas.models import SagaEvent, SagaRun, SagaStep
@@ -114,6 +115,8 @@ def _set_state(
         data=data,
         now=now,
     )
+    # Announced to the tenant's webhook endpoints, in this transaction (gateway.webhooks).
+    saga_outbox_record(run, from_state=from_state, to_state=to, actor=actor, reason=reason)
     run.state, run.state_changed_at, run.updated_at = to, now, now
     run.next_check_at = _next_check(to, now)
     for name, value in fields.items():

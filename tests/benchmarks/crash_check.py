@@ -87,7 +87,7 @@ def main() -> int:
     )
     started = time.monotonic()
     try:
-        kills = crash.run(
+        result = crash.run(
             effect_ids=effect_ids,
             queue=queue,
             logs=logs,
@@ -99,7 +99,11 @@ def main() -> int:
         sandbox.stop()
     faults = Counter(e["fault"] for e in sandbox.provider.log() if e.get("fault"))
     report = crash.check(
-        effect_ids, sandbox.provider, kills=kills, seconds=time.monotonic() - started, faults=faults
+        effect_ids,
+        sandbox.provider,
+        kills=result.kills,
+        seconds=time.monotonic() - started,
+        faults=faults,
     )
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(

@@ -260,6 +260,23 @@ def test_controls_run_a_fixed_number_of_queries(oscar, bot, grants, django_asser
         capability_grant(granted_by="admin:root", principal=agent, effect_types=["ticket.*"])
     # session, user, principal + tenant, the type freezes, the principals with their live
     # grants counted, the grants with their agents, the tokens with their principals, the
-    # nav's two badges: the same for 2 agents as for 22.
-    with django_assert_max_num_queries(9):
+    # nav's two badges, the audit chain's sealed head and backlog: the same for 2 agents as
+    # for 22.
+    with django_assert_max_num_queries(10):
         assert oscar.client.get("/controls").status_code == 200
+
+
+def test_the_controls_page_shows_the_sealed_head_and_the_sealing_lag(oscar, grants):
+    from gateway import audit
+
+    html = oscar.client.get("/controls").content.decode()
+    section = html[html.index('id="audit"') :]
+    waiting = audit.seal_state(oscar.principal.tenant_id).unsealed
+    assert waiting > 0  # the grants' control events are committed, not sealed yet
+    assert f"{waiting} event" in section and "sealing lag" in section
+    audit.seal_pending()
+    html = oscar.client.get("/controls").content.decode()
+    section = html[html.index('id="audit"') :]
+    head = audit.seal_state(oscar.principal.tenant_id)
+    assert f"link {head.length}" in section and head.last_hash[:12] in section
+    assert "0 events" in section and "sealing lag" not in section

@@ -11,7 +11,7 @@ from pathlib import Path
 import gateway
 from gateway import capabilities, hooks
 from gateway.console import extensions
-from gateway.webhooks.apps import announce_transition
+from gateway.webhooks.apps import announce_creation, announce_transition
 from reconciliation import views as reconciliation_views
 from sagas import listeners
 from sagas import views as sagas_views
@@ -28,6 +28,7 @@ def test_the_ledgers_hooks_are_filled_after_django_setup():
         listeners.advance_after_transition,
         announce_transition,
     ]
+    assert list(hooks.effect_created) == [announce_creation]
     assert list(hooks.dispatch_holds) == [listeners.FROZEN_SAGA]
     assert list(hooks.mismatch_found) == [listeners.freeze_on_mismatch]
     assert hooks.dispatch_sender.bound

@@ -11,7 +11,7 @@ from django.db import connection
 from gateway import services
 from gateway.models import Attempt, Command, Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run_in_threads(count: int, target) -> list:

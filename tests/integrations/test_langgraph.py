@@ -1,5 +1,6 @@
 """A real LangGraph graph (no model, in-memory checkpointer) that refunds through the gateway,
-interrupts for the approval, is resumed by the gateway's webhook, and survives a crash."""
+interrupts for the approval, is resumed by the gateway's webhook, and survives a crash; the key
+names the business intention, so two threads make one refund (issue 15, item 1)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from gateway.langgraph_tools import effect_key, resume_command, submit_effect, wait_for_effect
+from gateway.langgraph_tools import (
+    effect_key,
+    resume_command,
+    resume_thread,
+    submit_effect,
+    wait_for_effect,
+)
 from gateway.models import Command as LedgerCommand
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +29,10 @@ class State(TypedDict, total=False):
     refund: dict[str, Any]
 
 
-def refund_graph(client, *, crash_after_submit: list[bool], submissions: list):
+def refund_graph(client, *, crash_after_submit=(), submissions=None, **submit_options):
+    crash = list(crash_after_submit)
+    submissions = submissions if submissions is not None else []
+
     def refund(state: State) -> State:
         effect = submit_effect(
             client,
@@ -30,9 +40,10 @@ def refund_graph(client, *, crash_after_submit: list[bool], submissions: list):
             resource={"type": "order", "id": state["order_id"], "version": 17},
             payload={"amount": state["amount"], "currency": "EUR", "reason": "duplicate charge"},
             business_resource=state["order_id"],
+            **submit_options,
         )
         submissions.append(effect)
-        if crash_after_submit and crash_after_submit.pop(0):
+        if crash and crash.pop(0):
             raise RuntimeError("the worker died after the gateway call")
         done = wait_for_effect(client, effect)
         return {"refund": {"effect_id": done.effect_id, "status": done.status}}
@@ -44,59 +55,141 @@ def refund_graph(client, *, crash_after_submit: list[bool], submissions: list):
     return builder.compile(checkpointer=InMemorySaver())
 
 
+def thread(name: str) -> dict:
+    return {"configurable": {"thread_id": name}}
+
+
 def test_refund_waits_for_approval_is_resumed_by_the_webhook_and_survives_a_crash(
     connect, agent, approver, sandbox, eager_tasks, receiver, webhook_endpoint
 ):
     _, secret = webhook_endpoint
     bot = connect(agent)
     submissions: list = []
-    crash = [False, True, False]  # the first resume crashes right after the gateway call
-    graph = refund_graph(bot, crash_after_submit=crash, submissions=submissions)
-    config = {"configurable": {"thread_id": "thread-42"}}
+    # The resume after the approval crashes right after the gateway call.
+    graph = refund_graph(
+        bot, crash_after_submit=[False, False, True, False], submissions=submissions
+    )
 
-    first = graph.invoke({"order_id": "ord_881", "amount": 15_000}, config)
+    first = graph.invoke({"order_id": "ord_881", "amount": 15_000}, thread("thread-42"))
     (pending,) = first["__interrupt__"]
     effect_id = pending.value["effect_id"]
     assert pending.value["status"] == "AWAITING_APPROVAL"
     assert sandbox.operations(type="billing.refund.create") == []
     command = LedgerCommand.objects.get(pk=effect_id)
+    # The key names the intention (type, order, revision): no thread id in it.
     assert (
         command.idempotency_key
-        == effect_key("billing.refund.create", "ord_881", thread_id="thread-42", node="refund")
-        == "billing.refund.create:ord_881:refund:v1:thread-42"
+        == effect_key("billing.refund.create", "ord_881")
+        == ("billing.refund.create:ord_881:v1")
     )
     assert command.context == {"runtime": "langgraph", "thread_id": "thread-42", "agent": "refund"}
 
-    connect(approver).approve(effect_id, submissions[0].payload_digest)
-    receiver.wait_for(2)  # effect.approval_decided, then effect.confirmed
-    decided, confirmed = receiver.deliveries
-    assert decided.event["type"] == "effect.approval_decided"
+    (waiting,) = receiver.wait_for(1)
+    assert waiting.event["type"] == "effect.awaiting_approval"
+    # Still waiting for the approver: the resume wakes the node, which interrupts again.
+    assert "__interrupt__" in resume_thread(graph, waiting.body, waiting.headers, secret)
 
-    thread_id, resume = resume_command(decided.body, decided.headers, secret)
-    assert thread_id == "thread-42"
+    connect(approver).approve(effect_id, submissions[0].payload_digest)
+    deliveries = receiver.wait_for(4)  # + approved, approval_decided, confirmed
+    approved = next(d for d in deliveries if d.event["type"] == "effect.approved")
     with pytest.raises(RuntimeError, match="died after the gateway call"):
-        graph.invoke(resume, {"configurable": {"thread_id": thread_id}})
+        resume_thread(graph, approved.body, approved.headers, secret)
     assert len(sandbox.operations(type="billing.refund.create")) == 1
 
-    thread_id, resume = resume_command(confirmed.body, confirmed.headers, secret)
-    done = graph.invoke(resume, {"configurable": {"thread_id": thread_id}})
+    confirmed = next(d for d in deliveries if d.event["type"] == "effect.confirmed")
+    done = resume_thread(graph, confirmed.body, confirmed.headers, secret)
     assert done["refund"] == {"effect_id": effect_id, "status": "CONFIRMED"}
     assert "__interrupt__" not in done
+    # A repeated or late delivery for a thread that moved on resumes nothing.
+    assert resume_thread(graph, confirmed.body, confirmed.headers, secret) is None
 
-    # Three runs of the node, one command, one provider operation.
-    assert [s.effect_id for s in submissions] == [effect_id] * 3
-    assert [s.replayed for s in submissions] == [False, True, True]
+    assert {s.effect_id for s in submissions} == {effect_id}
+    assert [s.replayed for s in submissions] == [False, True, True, True]
     assert LedgerCommand.objects.filter(type="billing.refund.create").count() == 1
     assert len(sandbox.operations(type="billing.refund.create")) == 1
 
 
-def test_a_small_refund_needs_no_interrupt(connect, agent, sandbox, eager_tasks):
+def test_the_same_refund_on_two_threads_is_one_refund(connect, agent, sandbox, eager_tasks):
+    """The bug: the thread id was in every key, so two threads refunded 5.00 twice."""
+    bot = connect(agent)
     submissions: list = []
-    graph = refund_graph(connect(agent), crash_after_submit=[], submissions=submissions)
-    done = graph.invoke(
-        {"order_id": "ord_7", "amount": 500}, {"configurable": {"thread_id": "t-small"}}
-    )
-    assert done["refund"]["status"] == "CONFIRMED"
+    graph = refund_graph(bot, submissions=submissions)
+    a = graph.invoke({"order_id": "ord_5", "amount": 500}, thread("thread-a"))
+    b = graph.invoke({"order_id": "ord_5", "amount": 500}, thread("thread-b"))
+    assert a["refund"] == b["refund"]
+    assert a["refund"]["status"] == "CONFIRMED"
+    assert [s.replayed for s in submissions] == [False, True]
+    assert len(sandbox.operations(type="billing.refund.create")) == 1
+    # Both threads are traceable: the first submission's context names its thread.
+    command = LedgerCommand.objects.get(type="billing.refund.create")
+    assert command.context["thread_id"] == "thread-a"
+
+
+def test_the_caller_names_the_intention_with_a_key_or_a_key_function(
+    connect, agent, sandbox, eager_tasks
+):
+    bot = connect(agent)
+
+    def per_incident(effect_type, resource, payload):
+        return f"{effect_type}:{resource['id']}:{payload['reason']}"
+
+    keyed = refund_graph(bot, key_fn=per_incident)
+    keyed.invoke({"order_id": "ord_6", "amount": 500}, thread("t1"))
+    explicit = refund_graph(bot, key="refund:ord_6:incident-9")
+    explicit.invoke({"order_id": "ord_6", "amount": 500}, thread("t2"))
+    # Per-thread intentions are possible, but must be asked for.
+    per_thread = refund_graph(bot, revision="retry-of-t3")
+    per_thread.invoke({"order_id": "ord_6", "amount": 500}, thread("t3"))
+    keys = sorted(LedgerCommand.objects.values_list("idempotency_key", flat=True))
+    assert keys == [
+        "billing.refund.create:ord_6:duplicate charge",
+        "billing.refund.create:ord_6:retry-of-t3",
+        "refund:ord_6:incident-9",
+    ]
+    assert len(sandbox.operations(type="billing.refund.create")) == 3
+
+
+def test_a_cancelled_effect_resumes_the_waiting_thread(
+    connect, agent, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    _, secret = webhook_endpoint
+    bot = connect(agent)
+    graph = refund_graph(bot)
+    first = graph.invoke({"order_id": "ord_9", "amount": 15_000}, thread("t-cancel"))
+    effect_id = first["__interrupt__"][0].value["effect_id"]
+    bot.cancel(effect_id, reason="the customer withdrew the claim")
+    deliveries = receiver.wait_for(2)
+    cancelled = next(d for d in deliveries if d.event["type"] == "effect.cancelled")
+    done = resume_thread(graph, cancelled.body, cancelled.headers, secret)
+    assert done["refund"] == {"effect_id": effect_id, "status": "CANCELLED"}
+    assert sandbox.operations(type="billing.refund.create") == []
+
+
+def test_other_effects_webhooks_are_ignored_not_a_crash(
+    connect, agent, ticket_body, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    """The documented receiver crashed (ValueError) on the tenant's other effects."""
+    _, secret = webhook_endpoint
+    graph = refund_graph(connect(agent))
+    graph.invoke({"order_id": "ord_10", "amount": 15_000}, thread("t-other"))
+    agent.submit(ticket_body, "not-langgraph")  # no thread submitted it
+    deliveries = receiver.wait_for(2)  # the refund awaits approval; the ticket is confirmed
+    ticket = next(d for d in deliveries if d.event["data"]["effect_type"] == "ticket.create")
+    assert resume_command(ticket.body, ticket.headers, secret) is None
+    assert resume_thread(graph, ticket.body, ticket.headers, secret) is None
+
+
+def test_a_second_run_of_the_same_intention_finishes_without_interrupt(
+    connect, agent, sandbox, eager_tasks
+):
+    """The documented script's second run (a new process: a new checkpointer) replays the
+    confirmed refund and ends at once; it used to fail with KeyError: '__interrupt__'."""
+    bot = connect(agent)
+    for _ in range(2):
+        graph = refund_graph(bot)
+        state = graph.invoke({"order_id": "ord_11", "amount": 500}, thread("incident-120"))
+        assert "__interrupt__" not in state
+        assert state["refund"]["status"] == "CONFIRMED"
     assert len(sandbox.operations(type="billing.refund.create")) == 1
 
 

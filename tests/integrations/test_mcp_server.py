@@ -1,5 +1,6 @@
-"""The MCP server as a host starts it: ``python -m gateway.mcp_server`` on stdio, driven by the
-real ``mcp`` client, calling a running gateway (live_server) and the sandbox provider."""
+"""The MCP server as a host starts it: ``python -m gateway.mcp_server`` on stdio (and
+``effect-gateway-mcp`` over streamable HTTP with bearer tokens), driven by the real ``mcp`` 1.x
+client, calling a running gateway (live_server) and the sandbox provider."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import anyio
 import anyio.to_thread
 import pytest
 from django.utils import timezone
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
-from mcp.shared.exceptions import MCPError
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import McpError
 
 from gateway.contracts import CONTRACTS
 from gateway.models import ApiToken, Command
@@ -41,7 +42,9 @@ def run(session):
 
     def go(gateway_url: str, token: str):
         async def main():
-            async with Client(server_params(gateway_url, token), read_timeout_seconds=60) as c:
+            params = server_params(gateway_url, token)
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as c:
+                await c.initialize()
                 return await session(c)
 
         return anyio.run(main)
@@ -66,21 +69,33 @@ def test_tools_mirror_the_contracts(gateway_url, agent):
     assert set(tools) == expected
     for effect_type, contract in CONTRACTS.items():
         tool = tools[effect_type.replace(".", "_")]
-        schema = tool.input_schema
+        schema = tool.inputSchema
         assert schema["required"] == ["idempotency_key", "resource", "payload"]
         payload_schema = {k: v for k, v in contract.payload_schema.items() if k != "$schema"}
         assert schema["properties"]["payload"] == payload_schema, effect_type
         assert schema["properties"]["resource"]["properties"]["type"]["const"] == (
             contract.resource_type
         )
-        assert tool.annotations.idempotent_hint is True
-        assert tool.annotations.read_only_hint is False
-        destructive = contract.irreversible or contract.effect_class == "financial_write"
-        assert tool.annotations.destructive_hint is destructive, effect_type
-    assert tools["billing_refund_create"].annotations.destructive_hint is True
-    assert tools["email_message_send"].annotations.destructive_hint is True
-    assert tools["ticket_create"].annotations.destructive_hint is False
-    assert tools["get_effect"].annotations.read_only_hint is True
+        assert tool.annotations.idempotentHint is True
+        assert tool.annotations.readOnlyHint is False
+    # destructiveHint false promises additive updates only (MCP spec): creating a ticket,
+    # a reservation, a shipment. Money, mail, releases, cancelling, closing: destructive.
+    destructive = {name for name, tool in tools.items() if tool.annotations.destructiveHint}
+    assert destructive == {
+        "billing_charge_create",
+        "billing_refund_create",
+        "email_message_send",
+        "inventory_reservation_release",
+        "shipment_cancel",
+        "deployment_release_promote",
+        "deployment_release_rollback",
+        "deployment_release_verify",
+        "ticket_close",
+    }
+    assert tools["get_effect"].annotations.readOnlyHint is True
+    # Optional fields take null, so that OpenAI's strict mode need not invent values.
+    assert "null" in tools["ticket_create"].inputSchema["properties"]["context"]["type"]
+    assert "null" in tools["wait_for_effect"].inputSchema["properties"]["until"]["type"]
 
 
 def test_calling_a_tool_twice_with_one_key_is_one_provider_operation(
@@ -99,19 +114,21 @@ def test_calling_a_tool_twice_with_one_key_is_one_provider_operation(
         second = await client.call_tool("billing_refund_create", args)
         waited = await client.call_tool(
             "wait_for_effect",
-            {"effect_id": first.structured_content["effect_id"], "timeout_seconds": 10},
+            {"effect_id": first.structuredContent["effect_id"], "timeout_seconds": 10},
         )
         return first, second, waited
 
     first, second, waited = run(session)(gateway_url, agent.token)
-    assert not first.is_error and not second.is_error, text(first) + text(second)
-    assert first.structured_content["replayed"] is False
-    assert second.structured_content["replayed"] is True
-    assert "nothing new was sent" in text(second)
-    assert second.structured_content["effect_id"] == first.structured_content["effect_id"]
-    assert waited.structured_content["status"] == "CONFIRMED"
+    assert not first.isError and not second.isError, text(first) + text(second)
+    assert first.structuredContent["replayed"] is False
+    assert second.structuredContent["replayed"] is True
+    assert "nothing new was sent" in second.structuredContent["next_step"]
+    # Each text once: the text block is the structured JSON, guidance included.
+    assert [json.loads(block.text) for block in second.content] == [second.structuredContent]
+    assert second.structuredContent["effect_id"] == first.structuredContent["effect_id"]
+    assert waited.structuredContent["status"] == "CONFIRMED"
     assert len(sandbox.operations(type="billing.refund.create")) == 1
-    command = Command.objects.get(pk=first.structured_content["effect_id"])
+    command = Command.objects.get(pk=first.structuredContent["effect_id"])
     assert command.context["runtime"] == "mcp"
     assert command.context["run_id"] == "run-7"
     assert command.context["agent"]  # the MCP client's name
@@ -142,13 +159,14 @@ def test_problems_the_model_can_fix_are_tool_errors_that_say_the_fix(
         return invalid, ok, reused, missing, no_key
 
     invalid, ok, reused, missing, no_key = run(session)(gateway_url, agent.token)
-    assert invalid.is_error and "payload.priority" in text(invalid)
-    assert "same idempotency_key" in text(invalid)
-    assert not ok.is_error
-    assert reused.is_error and "identical payload" in text(reused)
-    assert "new idempotency_key" in text(reused)
-    assert missing.is_error and "No effect eff_NOPE" in text(missing)
-    assert no_key.is_error and "idempotency_key" in text(no_key)
+    assert invalid.isError and "payload/priority" in text(invalid)
+    assert "same idempotency_key" in invalid.structuredContent["next_step"]
+    assert not ok.isError
+    assert reused.isError and "identical payload" in reused.structuredContent["next_step"]
+    assert "new idempotency_key" in reused.structuredContent["next_step"]
+    assert missing.isError and "No effect eff_NOPE" in missing.structuredContent["error"]
+    assert no_key.isError
+    assert "missing required field 'idempotency_key'" in no_key.structuredContent["error"]
     assert Command.objects.count() == 1
 
 
@@ -159,12 +177,12 @@ def test_a_refused_token_is_a_protocol_error(gateway_url, agent):
     async def session(client):
         await client.list_tools()
         await anyio.to_thread.run_sync(revoke)
-        with pytest.raises(MCPError) as caught:
+        with pytest.raises(McpError) as caught:
             await client.call_tool("get_effect", {"effect_id": "eff_X"})
         return caught.value
 
     error = run(session)(gateway_url, agent.token)
-    assert "refused this MCP server's token" in error.message
+    assert "refused this token" in error.error.message
 
 
 def test_the_server_does_not_start_without_a_valid_token(gateway_url):
@@ -197,6 +215,182 @@ def test_list_effects_filters_by_run(gateway_url, agent, sandbox, eager_tasks):
         return await client.call_tool("list_effects", {"context": {"run_id": "run-b"}})
 
     listed = run(session)(gateway_url, agent.token)
-    results = listed.structured_content["results"]
+    results = listed.structuredContent["results"]
     assert [e["context"]["run_id"] for e in results] == ["run-b"]
     assert json.loads(json.dumps(results))[0]["type"] == "ticket.create"
+
+
+def test_arguments_are_checked_against_the_input_schema_with_a_fix(gateway_url, agent, sandbox):
+    """A stringified payload, a wrong type, an unknown field: the model is told the fix, and
+    nothing reaches the gateway."""
+    base = {
+        "idempotency_key": "ticket.create:support:schema:v1",
+        "resource": {"type": "queue", "id": "support"},
+    }
+    payload = {"title": "Printer on fire", "priority": "P2"}
+
+    async def session(client):
+        stringified = await client.call_tool(
+            "ticket_create", {**base, "payload": json.dumps(payload)}
+        )
+        wrong_resource = await client.call_tool(
+            "ticket_create", {**base, "resource": {"type": "order", "id": "x"}, "payload": payload}
+        )
+        extra = await client.call_tool("ticket_create", {**base, "payload": payload, "amount": 1})
+        nulls = await client.call_tool(
+            "ticket_create", {**base, "payload": payload, "intent": None, "context": None}
+        )
+        return stringified, wrong_resource, extra, nulls
+
+    stringified, wrong_resource, extra, nulls = run(session)(gateway_url, agent.token)
+    assert stringified.isError
+    error = stringified.structuredContent["error"]
+    assert "payload: got a string" in error and "not a string holding JSON" in error
+    assert "dictionary update sequence" not in error
+    assert wrong_resource.isError and "resource/type: must be 'queue'" in text(wrong_resource)
+    assert extra.isError and "allowed fields" in text(extra)
+    assert not nulls.isError, text(nulls)  # null = not given
+    assert Command.objects.count() == 1
+
+
+def test_only_the_tools_of_the_tokens_grants_are_listed(gateway_url, db):
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(
+        "issue_token",
+        tenant="acme",
+        principal="ticket-bot",
+        role="agent",
+        types="ticket.*",
+        stdout=out,
+    )
+    token = out.getvalue().strip().splitlines()[-1]
+
+    async def session(client):
+        tools = {t.name for t in (await client.list_tools()).tools}
+        refused = await client.call_tool(
+            "billing_refund_create",
+            {"idempotency_key": "k:1", "resource": ORDER, "payload": REFUND},
+        )
+        return tools, refused
+
+    tools, refused = run(session)(gateway_url, token)
+    assert tools == {
+        "ticket_create",
+        "ticket_close",
+        "get_effect",
+        "list_effects",
+        "wait_for_effect",
+    }
+    assert refused.isError and "no tool 'billing_refund_create'" in text(refused)
+
+
+def test_an_approval_needing_command_tells_the_model_to_wait(
+    gateway_url, agent, approver, sandbox, eager_tasks
+):
+    """Claude Code passes the model only structuredContent: the guidance must be in it."""
+    args = {
+        "idempotency_key": "billing.refund.create:ord_881:big:v1",
+        "resource": ORDER,
+        "payload": {"amount": 15_000, "currency": "EUR", "reason": "duplicate charge"},
+    }
+
+    async def session(client):
+        submitted = await client.call_tool("billing_refund_create", args)
+        effect_id = submitted.structuredContent["effect_id"]
+        waited = await client.call_tool(
+            "wait_for_effect", {"effect_id": effect_id, "timeout_seconds": 0.5}
+        )
+        return submitted, waited
+
+    submitted, waited = run(session)(gateway_url, agent.token)
+    data = submitted.structuredContent
+    assert data["status"] == "AWAITING_APPROVAL"
+    assert "wait_for_effect" in data["next_step"] and data["effect_id"] in data["next_step"]
+    assert "not done yet" in data["next_step"]
+    assert data["approval_url"] == f"{gateway_url}/effects/{data['effect_id']}"
+    assert waited.structuredContent["status"] == "AWAITING_APPROVAL"
+    assert "wait_for_effect" in waited.structuredContent["next_step"]
+    assert sandbox.operations(type="billing.refund.create") == []
+
+
+@pytest.fixture
+def http_mcp(gateway_url):
+    """``effect-gateway-mcp --transport streamable-http`` on a free port, without a token."""
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GATEWAY_TOKEN", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.mcp_server",
+            "--gateway-url",
+            gateway_url,
+            "--transport",
+            "streamable-http",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_remote_mcp_over_streamable_http_with_bearer_tokens(http_mcp, agent, sandbox, eager_tasks):
+    import httpx
+    from mcp.client.streamable_http import streamable_http_client
+
+    # No token, or a token the gateway refuses: 401 before any MCP session.
+    assert httpx.post(http_mcp, json={}, trust_env=False).status_code == 401
+    refused = httpx.post(
+        http_mcp, json={}, headers={"Authorization": "Bearer egw_nope"}, trust_env=False
+    )
+    assert refused.status_code == 401 and "refused" in refused.text
+
+    async def main():
+        headers = {"Authorization": f"Bearer {agent.token}"}
+        http = httpx.AsyncClient(headers=headers, trust_env=False, timeout=30)
+        async with (
+            http,
+            streamable_http_client(http_mcp, http_client=http) as (read, write, _),
+            ClientSession(read, write) as client,
+        ):
+            await client.initialize()
+            tools = {t.name for t in (await client.list_tools()).tools}
+            result = await client.call_tool(
+                "ticket_create",
+                {
+                    "idempotency_key": "ticket.create:support:http:v1",
+                    "resource": {"type": "queue", "id": "support"},
+                    "payload": {"title": "over http", "priority": "P3"},
+                },
+            )
+            return tools, result
+
+    tools, result = anyio.run(main)
+    assert "ticket_create" in tools
+    assert not result.isError, text(result)
+    command = Command.objects.get(pk=result.structuredContent["effect_id"])
+    assert command.requested_by_id == agent.principal.pk  # acted with the caller's token
+    assert len(sandbox.operations(type="ticket.create")) == 1

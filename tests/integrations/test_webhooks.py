@@ -163,7 +163,11 @@ def test_approval_decisions_and_rejections_are_announced(
     big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
     approved = agent.submit(big, "big-1").json()
     refused = agent.submit({**big, "payload": {**big["payload"], "amount": 60_000}}, "big-2").json()
-    assert receiver.deliveries == []  # AWAITING_APPROVAL announces nothing
+    # Each waits for an approver: announced, with the console page to approve it on.
+    waiting = receiver.wait_for(2)
+    assert [d.event["type"] for d in waiting] == ["effect.awaiting_approval"] * 2
+    assert waiting[0].event["data"]["approval"]["url"].endswith(f"/effects/{approved['effect_id']}")
+    assert waiting[0].event["data"]["requested_by"] == "refund-bot"
     response = approver.client.post(
         f"/api/v1/effects/{approved['effect_id']}/approve",
         {"payload_digest": approved["payload_digest"]},
@@ -173,15 +177,17 @@ def test_approval_decisions_and_rejections_are_announced(
     approver.client.post(
         f"/api/v1/effects/{refused['effect_id']}/reject", {"reason": "too much"}, format="json"
     )
-    receiver.wait_for(4)
-    events = [Webhook(secret).verify(d.body, d.headers) for d in receiver.deliveries]
+    receiver.wait_for(7)
+    events = [Webhook(secret).verify(d.body, d.headers) for d in receiver.deliveries[2:]]
     seen = [(e["type"], e["data"]["effect_id"]) for e in events]
     assert seen == [
+        ("effect.approved", approved["effect_id"]),
         ("effect.approval_decided", approved["effect_id"]),
         ("effect.confirmed", approved["effect_id"]),
         ("effect.approval_decided", refused["effect_id"]),
         ("effect.rejected", refused["effect_id"]),
     ]
+    assert all(d.headers["user-agent"].startswith("effect-gateway/") for d in receiver.deliveries)
     decisions = {
         e["data"]["effect_id"]: e["data"]["approval"]
         for e in events
@@ -213,11 +219,12 @@ def test_a_rolled_back_change_writes_no_message(
     big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
     effect_id = agent.submit(big, "big").json()["effect_id"]
     effect = Effect.objects.select_related("command").get(pk=effect_id)
+    assert WebhookMessage.objects.count() == 1  # effect.awaiting_approval
     with pytest.raises(RuntimeError), transaction.atomic():
         services.effect_reject(effect=effect, principal=approver.principal, reason="no")
-        assert WebhookMessage.objects.count() == 2  # written with the change...
+        assert WebhookMessage.objects.count() == 3  # written with the change...
         raise RuntimeError("the transaction fails after the transition")
-    assert WebhookMessage.objects.count() == 0  # ...and gone with it
+    assert WebhookMessage.objects.count() == 1  # ...and gone with it
     assert Effect.objects.get(pk=effect_id).status == "AWAITING_APPROVAL"
     assert receiver.deliveries == []
 

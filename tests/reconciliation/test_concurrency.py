@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.utils import timezone
 
 from gateway.models import Effect
@@ -14,13 +14,7 @@ from reconciliation import services
 from reconciliation.models import ReconciliationRecord
 from tests.reconciliation.conftest import lookups, operations, sends
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def _postgres_only():
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: SQLite has no row locks (SKIP LOCKED) to race on")
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_two_reconcilers_never_look_up_the_same_effect(recon_unknown, recon_sandbox):

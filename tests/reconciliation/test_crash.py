@@ -47,7 +47,7 @@ def test_a_worker_killed_at_each_point_recovers_with_no_duplicate(
 ):
     effect_ids = submit(agent, 4, failpoint)
     started = time.monotonic()
-    kills = crash.run(
+    run = crash.run(
         effect_ids=effect_ids,
         queue=queue,
         logs=tmp_path,
@@ -56,9 +56,11 @@ def test_a_worker_killed_at_each_point_recovers_with_no_duplicate(
         timeout=90,
     )
     report = crash.check(
-        effect_ids, sandbox, kills=kills, seconds=time.monotonic() - started, faults=Counter()
+        effect_ids, sandbox, kills=run.kills, seconds=time.monotonic() - started, faults=Counter()
     )
-    assert kills == 2, report.lines()
+    # Only the failpoint's own kills count; a worker that died by itself is a bug to see.
+    assert run.kills == 2, report.lines()
+    assert run.unexpected_exits == 0, (run.exits, run.log)
     assert report.duplicates == []
     assert report.lost == []
     assert report.stuck == []
@@ -73,7 +75,7 @@ def test_kills_and_provider_faults_together(sandbox, agent, queue, tmp_path):
     sandbox.add_fault("processing", times=2, lookups=2)
     effect_ids = submit(agent, 10, "mixed")
     started = time.monotonic()
-    kills = crash.run(
+    run = crash.run(
         effect_ids=effect_ids,
         queue=queue,
         logs=tmp_path,
@@ -84,10 +86,11 @@ def test_kills_and_provider_faults_together(sandbox, agent, queue, tmp_path):
     report = crash.check(
         effect_ids,
         sandbox,
-        kills=kills,
+        kills=run.kills,
         seconds=time.monotonic() - started,
         faults=Counter(entry.get("fault") for entry in sandbox.log() if entry.get("fault")),
     )
+    assert run.kills == 3 and run.unexpected_exits == 0, (run.exits, run.log)
     assert report.duplicates == [] and report.lost == [] and report.stuck == [], report.lines()
     assert report.statuses == Counter({"CONFIRMED": 10}), report.lines()
     assert len(sandbox.operations()) == 10

@@ -15,7 +15,7 @@ from sagas import services
 from sagas.models import SagaEvent, SagaRun, SagaStep
 from tests.sagas.conftest import ORDER_STEPS, op_types, order_inputs, step_effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run_in_threads(count: int, target) -> list:

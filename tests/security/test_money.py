@@ -94,7 +94,6 @@ def test_the_budget_and_currency_checks_see_exactly_what_is_sent(bot):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgres
 def test_concurrent_submissions_never_overspend_in_any_currency(bot, sandbox, eager_tasks):
     from tests.gateway.test_concurrency import run_in_threads
 

@@ -66,6 +66,30 @@ def _settled_or_queued(effect_ids: list[str]) -> bool:
     return not open_ids
 
 
+def failpoint_kills(failpoints: str, failpoint_dir: Path) -> int:
+    """The kills the failpoints made: each reach writes one byte to the point's tally file
+    and kills the process while the tally is within the point's budget."""
+    kills = 0
+    for item in filter(None, (part.strip() for part in failpoints.split(","))):
+        name, _, times = item.partition("=")
+        tally = failpoint_dir / name
+        reached = tally.stat().st_size if tally.exists() else 0
+        kills += min(reached, int(times or 1))
+    return kills
+
+
+@dataclass
+class Run:
+    kills: int  # the failpoints' own kills, from their tally files
+    exits: list[int]  # exit code of every worker that stopped while it should have run
+    log: str
+
+    @property
+    def unexpected_exits(self) -> int:
+        """Worker deaths the failpoints did not cause (a crash of the worker itself)."""
+        return len(self.exits) - self.kills
+
+
 def run(
     *,
     effect_ids: list[str],
@@ -74,9 +98,9 @@ def run(
     failpoints: str,
     failpoint_dir: Path,
     timeout: float,
-) -> float:
-    """Supervise one solo worker (restarted whenever a failpoint kills it) and one beat
-    until every effect is settled or handed to a human. Returns the kill count."""
+) -> Run:
+    """Supervise one solo worker (restarted whenever it dies) and one beat until every
+    effect is settled or handed to a human. Waits on the ledger's state, not on time."""
     env = {
         **RECOVERY_ENV,
         "GATEWAY_FAILPOINTS": failpoints,
@@ -84,23 +108,28 @@ def run(
     }
     beat = Celery("beat", queue, logs / "beat.log", **RECOVERY_ENV)
     worker = Celery("worker", queue, logs / "worker.log", pool="solo", **env)
-    kills = 0
+    exits: list[int] = []
     started = time.monotonic()
     try:
-        while time.monotonic() - started < timeout:
-            if worker.process.poll() is not None:
-                kills += 1
+        while True:
+            code = worker.process.poll()
+            if code is not None:
+                exits.append(code)
                 worker.handle.close()
                 worker = Celery("worker", queue, logs / "worker.log", pool="solo", **env)
             if _settled_or_queued(effect_ids):
                 break
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"not recovered within {timeout}s; see {logs}")
             time.sleep(0.3)
-        else:
-            raise AssertionError(f"not recovered within {timeout}s; see {logs}")
     finally:
         worker.stop()
         beat.stop()
-    return kills
+    return Run(
+        kills=failpoint_kills(failpoints, failpoint_dir),
+        exits=exits,
+        log=(logs / "worker.log").read_text(errors="replace")[-3000:],
+    )
 
 
 def check(

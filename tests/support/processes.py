@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection
@@ -20,14 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def database_url() -> str:
-    """The URL of the database this test runs on (pytest-django's test database)."""
+    """The URL of the database this test runs on (pytest-django's test database, of this
+    xdist worker), reached as the test reaches it: TCP, or the embedded server's socket."""
     db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
     auth = db["USER"] or "postgres"
     if db.get("PASSWORD"):
-        auth += f":{db['PASSWORD']}"
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        auth += f":{quote(db['PASSWORD'], safe='')}"
+    host = db["HOST"] or "127.0.0.1"
+    if host.startswith("/"):
+        return f"postgres://{auth}@{quote(host, safe='')}/{db['NAME']}"
+    return f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def child_env(**extra: str) -> dict[str, str]:

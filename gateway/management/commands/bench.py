@@ -1,36 +1,61 @@
-"""``manage.py bench``: N effects end to end (HTTP API → Celery worker → sandbox provider →
-CONFIRMED) at a chosen concurrency, then the same keys replayed; prints throughput, latency
-and provider duplicates for both passes.
+"""``manage.py bench``: the product against a raw PostgreSQL floor, side by side, in one run.
 
-It starts what it measures: a sandbox provider (in this process), gunicorn and one Celery
-worker process, on whatever DATABASE_URL / CELERY_BROKER_URL say (SQLite and the filesystem
-broker by default; PostgreSQL and Redis for figures worth quoting).
+For each concurrency (1, 8, 32 by default) and each round, two passes run one after the other
+against the same loopback sandbox provider (SPEC §6, in this process):
+
+- **the floor**: raw psycopg on a small connection pool, per effect ``INSERT … ON CONFLICT``
+  → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost;
+- **the product**: the real HTTP API served by gunicorn, real Celery workers (prefork, with
+  the beat embedded, so the sweeper and the audit sequencer run) on PostgreSQL + Redis, from
+  ``POST /api/v1/commands`` to CONFIRMED in the ledger.
+
+Printed per concurrency (medians of the rounds): effects/s of both and their ratio, submit and
+end-to-end p50/p99, CPU ms per effect per process group read from ``/proc`` (web = gunicorn,
+worker = Celery, pg = the PostgreSQL backends serving them), commits per effect (from
+``pg_stat_database``), duplicates (the sandbox's operation log against the ledger), the audit
+sealing lag and the machine's load. Then a replay pass at c=1 and, in process, the statements,
+transactions and round trips of one submission and one dispatch.
+
+The machine is shared and noisy: floor and product alternate within each round so that both
+see the same noise, and the load average is printed with every line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.utils import timezone
 
 from gateway.choices import SETTLED, EffectStatus
-from gateway.models import Effect
+from gateway.models import Effect, EffectEvent
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
 ROOT = Path(settings.BASE_DIR)
 PROVIDERS = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
+TICKS = os.sysconf("SC_CLK_TCK")
+BODY = {
+    "type": "ticket.create",
+    "resource": {"type": "queue", "id": "bench"},
+    "intent": {"summary": "benchmark"},
+}
 
 
 def free_port() -> int:
@@ -47,125 +72,189 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[index]
 
 
+def _headers(token: str, key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Idempotency-Key": key}
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if v == v]  # drop NaN
+    return statistics.median(values) if values else float("nan")
+
+
+# --- CPU from /proc ----------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads), in seconds; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as children:
+                todo.extend(int(child) for child in children.read().split())
+        except OSError:
+            continue
+    return found
+
+
+@dataclass
+class CpuGroups:
+    """Per group, a snapshot {pid: cpu seconds}; the difference of two is what was spent."""
+
+    groups: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls, pids: dict[str, list[int]]) -> CpuGroups:
+        return cls({name: {pid: _cpu_seconds(pid) for pid in ids} for name, ids in pids.items()})
+
+    def spent_since(self, before: CpuGroups) -> dict[str, float]:
+        spent = {}
+        for name, now in self.groups.items():
+            then = before.groups.get(name, {})
+            spent[name] = sum(max(0.0, cpu - then.get(pid, 0.0)) for pid, cpu in now.items())
+        return spent
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
 class Command(BaseCommand):
-    help = "Benchmark: N effects end to end, then a replay of the same keys."
+    help = "Benchmark: the product over HTTP against a raw-psycopg floor, interleaved."
 
     def add_arguments(self, parser):
-        parser.add_argument("--effects", type=int, default=200)
-        parser.add_argument("--concurrency", type=int, default=8)
+        parser.add_argument(
+            "--concurrency",
+            default="1,8,32",
+            help="comma-separated client concurrencies (default 1,8,32)",
+        )
+        parser.add_argument("--rounds", type=int, default=3, help="rounds per concurrency")
+        parser.add_argument(
+            "--effects", type=int, default=0, help="effects per pass (default: 10 × c, ≥ 40)"
+        )
+        parser.add_argument("--quick", action="store_true", help="one round, small passes")
+        parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
+        parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument("--worker-concurrency", type=int, default=4)
-        parser.add_argument("--timeout", type=float, default=300)
+        parser.add_argument("--worker-processes", type=int, default=1)
+        parser.add_argument("--worker-pool", default="prefork", choices=["prefork", "threads"])
+        parser.add_argument("--floor-pool", type=int, default=4)
+        parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
+        parser.add_argument("--timeout", type=float, default=180)
 
-    def handle(
-        self,
-        *args,
-        effects: int,
-        concurrency: int,
-        worker_concurrency: int,
-        timeout: float,
-        **options,
-    ):
-        if effects < 1 or concurrency < 1:
-            raise CommandError("--effects and --concurrency must be positive")
+    def handle(self, *args, **options):
+        if connection.vendor != "postgresql":
+            raise CommandError("the benchmark compares against PostgreSQL: set DATABASE_URL")
+        self.options = options
+        # One line per request from the HTTP client would cost the floor more than its work.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        levels = [int(c) for c in options["concurrency"].split(",") if c.strip()]
+        rounds = 1 if options["quick"] else max(1, options["rounds"])
         call_command("migrate", interactive=False, verbosity=0)
         run = uuid.uuid4().hex[:8]
-        token = self._token(run)
-        sandbox = SandboxServer(SandboxProvider(), port=0).start()
-        urls = {name: sandbox.base_url(name) for name in PROVIDERS}
+        self.run_id = run
+        tenants = [f"bench{n}" if n else "bench" for n in range(options["tenants"])]
+        tokens = [self._token(tenant, run) for tenant in tenants]
+        self.sandbox = SandboxServer(SandboxProvider(), port=0).start()
+        urls = {name: self.sandbox.base_url(name) for name in PROVIDERS}
+        db = settings.DATABASES["default"]
+        dsn = (
+            f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} "
+            f"dbname={db['NAME']} user={db['USER']}"
+            + (f" password={db['PASSWORD']}" if db.get("PASSWORD") else "")
+        )
+        self.floor_args = {"dsn": dsn, "pool_size": options["floor_pool"], "url": urls["tickets"]}
+        ports = [free_port() for _ in range(options["web_nodes"])]
+        self.bases = [f"http://127.0.0.1:{port}" for port in ports]
+        self.base = self.bases[0]
+        self.children = self._start(run, ports, urls)
+        results: dict[int, list[dict]] = {}
+        try:
+            self._wait_ready()
+            self._header(run, levels, rounds)
+            self._warm(tokens[0])
+            for c in levels:
+                n = options["effects"] or (max(16, 4 * c) if options["quick"] else max(40, 10 * c))
+                for r in range(rounds):
+                    floor = self._floor_pass(c, n, f"floor:{run}:{c}:{r}")
+                    product = self._product_pass(c, n, tokens, f"bench:{run}:{c}:{r}")
+                    results.setdefault(c, []).append({"floor": floor, "product": product})
+                    self._line(c, r, floor, product)
+            first = results[levels[0]][0]["product"]["n"]
+            replay = self._replay(tokens, f"bench:{run}:{levels[0]}:0", min(25, first))
+            self._summary(results, replay)
+        finally:
+            self._stop()
+        self._round_trips(tokens[0], run)
+        self.sandbox.stop()
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _token(self, tenant: str, run: str) -> str:
+        from io import StringIO
+
+        out = StringIO()
+        call_command(
+            "issue_token", tenant=tenant, principal=f"bench-{run}", role="agent", stdout=out
+        )
+        return out.getvalue().strip().splitlines()[-1]
+
+    def _start(self, run: str, ports: list[int], urls: dict) -> list[subprocess.Popen]:
+        options = self.options
         env = {
             **os.environ,
             "GATEWAY_PROVIDER_URLS": json.dumps(urls),
             "GATEWAY_TASK_QUEUE": f"bench-{run}",
             "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "WARNING",
+            # Backends that live for the whole run: their CPU is read from /proc per pass.
+            "GATEWAY_DB_CONN_MAX_AGE": "600",
+            # The sequencer on a queue of its own: a seal pass does not wait behind dispatches.
+            "GATEWAY_AUDIT_QUEUE": f"bench-{run}-audit",
         }
-        port = free_port()
         logs = settings.VAR_DIR / "bench"
         logs.mkdir(parents=True, exist_ok=True)
         children = [
             self._spawn(
                 [
-                    sys.executable,
-                    "-m",
-                    "gunicorn",
-                    "gateway.wsgi",
-                    "-b",
-                    f"127.0.0.1:{port}",
-                    "-w",
-                    "2",
-                    "--threads",
-                    str(max(concurrency, 4)),
-                    "-k",
-                    "gthread",
-                    "--log-level",
-                    "warning",
+                    sys.executable, "-m", "gunicorn", "gateway.wsgi",
+                    "-b", f"127.0.0.1:{port}",
+                    "-w", str(options["web_workers"]),
+                    "--threads", str(options["web_threads"]),
+                    "-k", "gthread", "--log-level", "warning",
                 ],
                 env,
-                logs / "web.log",
-            ),
-            self._spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "gateway",
-                    "worker",
-                    "--loglevel",
-                    "WARNING",
-                    "--concurrency",
-                    str(worker_concurrency),
-                    "--prefetch-multiplier",
-                    "1",
-                    "-Q",
-                    f"bench-{run}",
-                    "--without-heartbeat",
-                    "--without-mingle",
-                    "--without-gossip",
-                ],
-                env,
-                logs / "worker.log",
-            ),
-        ]
-        try:
-            base = f"http://127.0.0.1:{port}"
-            self._wait_ready(base)
-            self.stdout.write(
-                f"bench {run}: {effects} effects, concurrency {concurrency}, "
-                f"worker concurrency {worker_concurrency}, database "
-                f"{settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}, broker "
-                f"{settings.CELERY_BROKER_URL.split('://')[0]}"
+                logs / f"web{node}.log",
             )
-            keys = [f"bench:{run}:{index}" for index in range(effects)]
-            first = self._pass(base, token, keys, concurrency, timeout, expect=201)
-            replay = self._pass(base, token, keys, concurrency, timeout, expect=200)
-            duplicates = sum(
-                1 for count in self._ops_per_key(sandbox.provider).values() if count > 1
-            )
-            self._report("first pass", first, duplicates)
-            self._report("replay pass", replay, duplicates)
-            self.stdout.write(
-                f"provider operations: {len(sandbox.provider.operations())} "
-                f"for {effects} keys; keys executed more than once: {duplicates}"
-            )
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    os.killpg(child.pid, signal.SIGTERM)
-            for child in children:
-                try:
-                    child.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(child.pid, signal.SIGKILL)
-            sandbox.stop()
-
-    def _token(self, run: str) -> str:
-        from io import StringIO
-
-        out = StringIO()
-        call_command(
-            "issue_token", tenant="bench", principal=f"bench-{run}", role="agent", stdout=out
-        )
-        return out.getvalue().strip().splitlines()[-1]
+            for node, port in enumerate(ports)
+        ]  # fmt: skip
+        web = len(children)
+        for index in range(options["worker_processes"]):
+            worker = [
+                sys.executable, "-m", "celery", "-A", "gateway", "worker",
+                "--loglevel", "WARNING",
+                "--concurrency", str(options["worker_concurrency"]),
+                "--pool", options["worker_pool"],
+                "--prefetch-multiplier", "1",
+                "-Q", f"bench-{run},bench-{run}-audit",
+                "-n", f"bench{index}-{run}@%h",
+                "--without-heartbeat", "--without-mingle", "--without-gossip",
+            ]  # fmt: skip
+            if index == 0:  # one beat: the sweeper and the audit sequencer
+                worker += ["-B", "-s", str(logs / f"beat-{run}")]
+            children.append(self._spawn(worker, env, logs / f"worker{index}.log"))
+        self.groups = {"web": children[:web], "worker": children[web:]}
+        return children
 
     def _spawn(self, args: list[str], env: dict, log: Path) -> subprocess.Popen:
         return subprocess.Popen(
@@ -177,92 +266,275 @@ class Command(BaseCommand):
             start_new_session=True,
         )
 
-    def _wait_ready(self, base: str) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+    def _stop(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in self.children:
             try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    return
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        waiting = list(self.bases)
+        while waiting and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{waiting[0]}/healthz", timeout=1).status_code == 200:
+                    waiting.pop(0)
+                    continue
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
+        if not waiting:
+            return
         raise CommandError("the web server did not start; see var/bench/web.log")
 
-    def _pass(self, base, token, keys, concurrency, timeout, *, expect: int) -> dict:
-        headers = {"Authorization": f"Bearer {token}"}
-        body = {
-            "type": "ticket.create",
-            "resource": {"type": "queue", "id": "bench"},
-            "intent": {"summary": "benchmark"},
+    def _warm(self, token: str) -> None:
+        """A few effects first: imports, connections and pools are not what is measured."""
+        self._product_pass(2, 6, [token], f"warm:{self.run_id}", quiet=True)
+        self._floor_pass(2, 6, f"floorwarm:{self.run_id}")
+
+    # -- what is measured ------------------------------------------------------------------
+
+    def _pids(self) -> dict[str, list[int]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            backends = [pid for (pid,) in cursor.fetchall()]
+        return {
+            "web": [p for child in self.groups["web"] for p in _descendants(child.pid)],
+            "worker": [p for child in self.groups["worker"] for p in _descendants(child.pid)],
+            "pg": backends,
+            "client": [os.getpid()],
         }
-        api_latency: list[float] = []
+
+    def _commits(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            )
+            return int(cursor.fetchone()[0])
+
+    def _floor_pass(self, c: int, n: int, prefix: str) -> dict:
+        load = os.getloadavg()[0]
+        arguments = {**self.floor_args, "concurrency": c, "count": n, "prefix": prefix}
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.lib.benchfloor", json.dumps(arguments)],
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise CommandError(f"the floor failed: {done.stderr.decode()[-2000:]}")
+        result = json.loads(done.stdout)
+        result["load"] = max(load, os.getloadavg()[0])
+        result["dups"] = self._duplicates(prefix, n)
+        return result
+
+    def _product_pass(
+        self, c: int, n: int, tokens: list[str], prefix: str, *, quiet: bool = False
+    ) -> dict:
+        pids = self._pids()
+        commits_before = self._commits()
+        before, load = CpuGroups.take(pids), os.getloadavg()[0]
+        submit: list[float] = []
         wrong: list[int] = []
-
-        def submit(index_key):
-            index, key = index_key
-            payload = {"title": f"bench {index}", "priority": "P4"}
-            with httpx.Client(timeout=30) as client:
-                started = time.perf_counter()
-                response = client.post(
-                    f"{base}/api/v1/commands",
-                    headers={**headers, "Idempotency-Key": key},
-                    json={**body, "payload": payload},
-                )
-                api_latency.append(time.perf_counter() - started)
-            if response.status_code != expect:
-                wrong.append(response.status_code)
-            return response.json().get("effect_id")
-
+        local = threading.local()
+        started_at = timezone.now()
         started = time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
-            ids = [i for i in pool.map(submit, enumerate(keys)) if i]
-        submitted = time.perf_counter() - started
-        deadline = time.monotonic() + timeout
+
+        def one(index: int) -> str | None:
+            client = getattr(local, "client", None)
+            if client is None:
+                client = local.client = httpx.Client(timeout=30)
+            token = tokens[index % len(tokens)]
+            t0 = time.perf_counter()
+            response = client.post(
+                f"{self.bases[index % len(self.bases)]}/api/v1/commands",
+                headers=_headers(token, f"{prefix}:{index}"),
+                json={**BODY, "payload": {"title": f"bench {index}", "priority": "P4"}},
+            )
+            submit.append(time.perf_counter() - t0)
+            if response.status_code != 201:
+                wrong.append(response.status_code)
+                return None
+            return response.json()["effect_id"]
+
+        with ThreadPoolExecutor(c) as pool:
+            ids = [i for i in pool.map(one, range(n)) if i]
+        deadline = time.monotonic() + self.options["timeout"]
         while time.monotonic() < deadline:
-            open_count = Effect.objects.filter(pk__in=ids).exclude(status__in=SETTLED).count()
-            if open_count == 0:
+            if not Effect.objects.filter(pk__in=ids).exclude(status__in=SETTLED).exists():
                 break
-            time.sleep(0.2)
-        elapsed = time.perf_counter() - started
+            time.sleep(0.02)
+        # Listed again: a backend or a worker child born during the pass counts from birth.
+        cpu = CpuGroups.take(self._pids()).spent_since(before)
+        commits = self._commits() - commits_before
         rows = list(
             Effect.objects.filter(pk__in=ids).values_list("status", "created_at", "confirmed_at")
         )
-        end_to_end = [
-            (confirmed - created).total_seconds()
-            for status, created, confirmed in rows
-            if status == EffectStatus.CONFIRMED and confirmed
+        confirmed = [
+            (created, done)
+            for status, created, done in rows
+            if status == EffectStatus.CONFIRMED and done is not None
         ]
+        last = max((done for _, done in confirmed), default=timezone.now())
+        elapsed = max((last - started_at).total_seconds(), 1e-6)
         return {
-            "count": len(keys),
-            "ids": len(ids),
+            "n": n,
+            "ok": len(confirmed),
             "wrong": wrong,
-            "submitted_s": submitted,
-            "elapsed_s": elapsed,
-            "api": api_latency,
-            "e2e": end_to_end,
-            "confirmed": sum(1 for row in rows if row[0] == EffectStatus.CONFIRMED),
+            "rate": len(confirmed) / elapsed,
+            "submit": submit,
+            "e2e": [(done - created).total_seconds() for created, done in confirmed],
+            "cpu": {name: seconds * 1000 / n for name, seconds in cpu.items()},
+            "commits": commits / n,
+            "load": max(load, os.getloadavg()[0]),
+            "dups": self._duplicates(prefix, n, ids=ids),
+            "seal": self._seal_lag(ids),
+            "elapsed": time.perf_counter() - started,
         }
 
-    def _ops_per_key(self, provider: SandboxProvider) -> dict[str, int]:
+    def _duplicates(self, prefix: str, n: int, *, ids: list[str] | None = None) -> int:
+        """Keys the provider executed more than once, plus CONFIRMED effects it never saw."""
         counts: dict[str, int] = {}
-        for op in provider.operations():
-            counts[op["idempotency_key"]] = counts.get(op["idempotency_key"], 0) + 1
-        return counts
-
-    def _report(self, name: str, result: dict, duplicates: int) -> None:
-        api, e2e = result["api"], result["e2e"]
-        self.stdout.write(
-            f"{name}: {result['count']} requests in {result['submitted_s']:.2f}s "
-            f"({result['count'] / result['submitted_s']:.1f} req/s); API p50 "
-            f"{percentile(api, 50) * 1000:.1f} ms, p99 {percentile(api, 99) * 1000:.1f} ms; "
-            f"unexpected statuses: {len(result['wrong'])}"
+        for op in self.sandbox.provider.operations(provider="tickets"):
+            key = op["idempotency_key"]
+            if prefix in key:
+                counts[key] = counts.get(key, 0) + 1
+        extra = sum(count - 1 for count in counts.values() if count > 1)
+        if ids is None:
+            return extra
+        ledger = Effect.objects.filter(pk__in=ids, status=EffectStatus.CONFIRMED).values_list(
+            "command__provider_key", flat=True
         )
-        if name == "first pass":
-            self.stdout.write(
-                f"  end to end: {result['confirmed']}/{result['count']} CONFIRMED in "
-                f"{result['elapsed_s']:.2f}s ({result['confirmed'] / result['elapsed_s']:.1f} "
-                f"effects/s); submit→CONFIRMED p50 {percentile(e2e, 50) * 1000:.0f} ms, "
-                f"p99 {percentile(e2e, 99) * 1000:.0f} ms"
+        missing = sum(1 for key in ledger if key not in counts)
+        return extra + missing
+
+    def _seal_lag(self, ids: list[str]) -> list[float]:
+        """Seconds from an event's creation to its seal, for this pass's events (sealed ones);
+        waits up to 3 s for the sequencer to catch up."""
+        if not hasattr(EffectEvent, "sealed_at"):
+            return []
+        deadline = time.monotonic() + 3
+        events = EffectEvent.objects.filter(effect_id__in=ids)
+        while time.monotonic() < deadline and events.filter(sealed_at__isnull=True).exists():
+            time.sleep(0.1)
+        return [
+            (sealed - created).total_seconds()
+            for created, sealed in events.filter(sealed_at__isnull=False).values_list(
+                "created_at", "sealed_at"
             )
-        else:
-            self.stdout.write(f"  provider duplicates after replay: {duplicates}")
+            if sealed is not None
+        ]
+
+    def _replay(self, tokens: list[str], prefix: str, count: int) -> list[float]:
+        latencies = []
+        with httpx.Client(timeout=30) as client:
+            for index in range(count):
+                t0 = time.perf_counter()
+                response = client.post(
+                    f"{self.base}/api/v1/commands",
+                    headers=_headers(tokens[index % len(tokens)], f"{prefix}:{index}"),
+                    json={**BODY, "payload": {"title": f"bench {index}", "priority": "P4"}},
+                )
+                latencies.append(time.perf_counter() - t0)
+                if response.status_code != 200:
+                    raise CommandError(f"replay answered {response.status_code}, not 200")
+        return latencies
+
+    def _round_trips(self, token: str, run: str) -> None:
+        """One submission (through the API view, in process) and one dispatch, counted."""
+        from django.test import Client
+
+        from gateway import services
+        from gateway.lib.querycount import count_round_trips
+
+        settings.GATEWAY_PROVIDER_URLS = {name: self.sandbox.base_url(name) for name in PROVIDERS}
+        client = Client(HTTP_HOST="127.0.0.1")
+        with count_round_trips() as submitted:
+            response = client.post(
+                "/api/v1/commands",
+                data=json.dumps({**BODY, "payload": {"title": "counted", "priority": "P4"}}),
+                content_type="application/json",
+                HTTP_AUTHORIZATION=f"Bearer {token}",
+                HTTP_IDEMPOTENCY_KEY=f"count:{run}",
+            )
+        effect_id = response.json()["effect_id"]
+        with count_round_trips() as dispatched:
+            services.effect_dispatch(effect_id=effect_id)
+        from gateway.celery import app
+
+        with app.connection_for_write() as conn:  # the message nobody consumes any more
+            conn.default_channel.queue_purge(f"bench-{run}")  # type: ignore[attr-defined]
+        self.stdout.write(
+            f"round trips per effect (in process): submission {submitted.summary()}; "
+            f"dispatch {dispatched.summary()}; total "
+            f"{submitted.round_trips + dispatched.round_trips} round trips, "
+            f"{submitted.commits + dispatched.commits} commits"
+        )
+
+    # -- printing ----------------------------------------------------------------------------
+
+    def _header(self, run: str, levels: list[int], rounds: int) -> None:
+        o = self.options
+        self.stdout.write(
+            f"bench {run}: c={levels}, {rounds} round(s); {o['web_nodes']} gunicorn × "
+            f"{o['web_workers']}×"
+            f"{o['web_threads']} gthread, {o['worker_processes']} Celery worker(s) ×"
+            f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, tenants "
+            f"{o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+        )
+
+    def _line(self, c: int, r: int, floor: dict, product: dict) -> None:
+        ratio = product["rate"] / floor["rate"] if floor["rate"] else float("nan")
+        cpu = product["cpu"]
+        self.stdout.write(
+            f"  c={c:<3} round {r + 1}: floor {floor['rate']:7.1f}/s  product "
+            f"{product['rate']:6.1f}/s ({product['ok']}/{product['n']}, "
+            f"wrong {len(product['wrong'])})  ratio {ratio:.3f}  e2e p50 "
+            f"{percentile(product['e2e'], 50) * 1000:.0f} ms  CPU ms/effect web "
+            f"{cpu['web']:.1f} worker {cpu['worker']:.1f} pg {cpu['pg']:.1f}  dups "
+            f"{floor['dups']}/{product['dups']}  load {product['load']:.2f}"
+        )
+
+    def _summary(self, results: dict[int, list[dict]], replay: list[float]) -> None:
+        self.stdout.write("")
+        self.stdout.write(
+            "| c | floor/s | product/s | ratio | submit p50/p99 ms | e2e p50/p99 ms | "
+            "CPU ms/effect web+worker+pg (floor pg+client) | commits/effect | seal lag "
+            "p50/p99 ms | dups | load |"
+        )
+        self.stdout.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c, rows in results.items():
+            floors = [row["floor"] for row in rows]
+            products = [row["product"] for row in rows]
+            floor_rate = median([f["rate"] for f in floors])
+            rate = median([p["rate"] for p in products])
+            submit = [x for p in products for x in p["submit"]]
+            e2e = [x for p in products for x in p["e2e"]]
+            seal = [x for p in products for x in p["seal"]]
+            web = median([p["cpu"]["web"] for p in products])
+            worker = median([p["cpu"]["worker"] for p in products])
+            pg = median([p["cpu"]["pg"] for p in products])
+            fpg = median([f["cpu"]["pg"] for f in floors])
+            fclient = median([f["cpu"]["client"] for f in floors])
+            dups = sum(f["dups"] for f in floors), sum(p["dups"] for p in products)
+            self.stdout.write(
+                f"| {c} | {floor_rate:.0f} | {rate:.1f} | {rate / floor_rate:.3f} | "
+                f"{percentile(submit, 50) * 1000:.0f} / {percentile(submit, 99) * 1000:.0f} | "
+                f"{percentile(e2e, 50) * 1000:.0f} / {percentile(e2e, 99) * 1000:.0f} | "
+                f"{web:.1f}+{worker:.1f}+{pg:.1f} = {web + worker + pg:.1f} "
+                f"({fpg:.1f}+{fclient:.1f}) | {median([p['commits'] for p in products]):.1f} | "
+                f"{percentile(seal, 50) * 1000:.0f} / {percentile(seal, 99) * 1000:.0f} | "
+                f"{dups[0]}/{dups[1]} | {max(p['load'] for p in products):.2f} |"
+            )
+        self.stdout.write(
+            f"replay over HTTP at c=1: p50 {percentile(replay, 50) * 1000:.1f} ms, "
+            f"p99 {percentile(replay, 99) * 1000:.1f} ms ({len(replay)} requests)"
+        )

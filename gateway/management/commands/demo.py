@@ -3,7 +3,14 @@
 Migrates the database, seeds a demo tenant, then runs and supervises four processes: the
 sandbox provider, the web server, a Celery worker and Celery beat. Each child gets its own
 process group, so Ctrl-C reaches only this supervisor, which then stops them: SIGTERM to each
-child, SIGKILL to whatever is left of its group after a grace period.
+child, SIGKILL to whatever is left of its group after a grace period. With no DATABASE_URL /
+CELERY_BROKER_URL, ``manage.py`` has started the embedded PostgreSQL and Valkey before this
+command runs and stops them after it (``gateway.embedded``).
+
+Quiet by default: one line per effect or saga state change (``--verbose`` for everything).
+The sandbox keeps its operations in ``var/sandbox.json``, so a restart does not make the
+reconciler think a committed operation was never received. Each principal keeps its token
+across restarts (``var/demo-tokens.json``); the banner is also written to ``var/demo.txt``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,11 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.management.color import supports_color
 from django.db import connection, connections
+
+from gateway import embedded
+from gateway.api.auth import hash_token
+from gateway.management import demo_incidents
+from gateway.models import ApiToken
 
 ROOT = Path(__file__).resolve().parents[3]
 MANAGE_PY = str(ROOT / "manage.py")
@@ -129,6 +142,16 @@ class Command(BaseCommand):
         parser.add_argument("--sandbox-port", type=int, default=8765, help="sandbox provider port")
         parser.add_argument("--no-seed", action="store_true", help="skip the demo tenant")
         parser.add_argument(
+            "--scenario",
+            choices=["incidents", "none"],
+            default="incidents",
+            help="what to seed on first start: 'incidents' (default) gives the console what "
+            "an on-call engineer meets; 'none' leaves it empty",
+        )
+        parser.add_argument(
+            "--verbose", action="store_true", help="all logs, not one line per state change"
+        )
+        parser.add_argument(
             "--check",
             action="store_true",
             help="start everything, wait until healthy, print the banner, then stop",
@@ -136,29 +159,37 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the steps: check ports, migrate, seed, start, wait, banner, supervise, stop."""
+        started = time.monotonic()
         host, port, sandbox_port = options["host"], options["port"], options["sandbox_port"]
         self.colour = options["force_color"] or (supports_color() and not options["no_color"])
         self.output_lock = threading.Lock()
 
         ensure_ports_free([(host, port), ("127.0.0.1", sandbox_port)])
+        self.stdout.write(f"==> {describe_servers()}")
         self.prepare_database()
-        token = None if options["no_seed"] else self.seed_demo_tenant()
+        tokens = {} if options["no_seed"] else self.seed_demo_tenant()
 
-        children = build_children(host, port, sandbox_port)
+        children = build_children(host, port, sandbox_port, verbose=options["verbose"])
         for index, child in enumerate(children):
             child.colour = COLOURS[index % len(COLOURS)] if self.colour else ""
         base = f"http://{browser_host(host)}:{port}/"
-        health_urls = [f"{base}healthz", f"http://127.0.0.1:{sandbox_port}/_health"]
+        sandbox_url = f"http://127.0.0.1:{sandbox_port}"
+        health_urls = [f"{base}healthz", f"{sandbox_url}/_health"]
 
         stop = StopSignal()
         restore = install_signal_handlers(stop)
         try:
-            env = child_environment(sandbox_port)
+            env = child_environment(sandbox_port, verbose=options["verbose"])
             for child in children:
                 start_child(child, env, self.emit)
             wait_until_healthy(children, health_urls, stop)
+            scenario = None
+            if tokens and options["scenario"] == "incidents" and not stop.requested.is_set():
+                scenario = self.seed_incidents(base, sandbox_url, tokens, children, stop)
             if not stop.requested.is_set():
-                self.print_banner(base, token)
+                self.print_banner(
+                    base, tokens, scenario=scenario, seconds=time.monotonic() - started
+                )
                 if not options["check"]:
                     supervise(children, stop)
         except ChildExited as exc:
@@ -171,22 +202,59 @@ class Command(BaseCommand):
             restore()
         self.emit("demo", "", "all stopped")
 
+    def seed_incidents(
+        self,
+        base: str,
+        sandbox_url: str,
+        tokens: dict[str, str],
+        children: list[Child],
+        stop: StopSignal,
+    ) -> str:
+        """Seed the incidents scenario once per database (a marker under var/ says it was)."""
+        marker = var_dir() / "scenario-incidents.done"
+        if marker.exists():
+            return f"incidents seeded on an earlier start ({marker.name}; `make clean` resets)"
+        self.stdout.write("==> seeding the incidents scenario (about 20 s)")
+        try:
+            summary = demo_incidents.seed(
+                base=base,
+                sandbox_url=sandbox_url,
+                agent_token=tokens[AGENT],
+                say=lambda line: self.emit("demo", "", line),
+                alive=partial(_alive, children, stop),
+            )
+        except demo_incidents.ScenarioError as exc:
+            self.emit("demo", "", f"incidents scenario incomplete: {exc}")
+            return f"incidents scenario incomplete: {exc}"
+        marker.write_text(summary + "\n")
+        return summary
+
     def prepare_database(self) -> None:
         """Apply migrations and collect static files, quietly."""
-        self.stdout.write(f"==> migrating the {connection.vendor} database")
+        self.stdout.write(f"==> migrating the database ({connection.settings_dict['NAME']})")
         call_command("migrate", interactive=False, verbosity=0)
         # The console's CSS/JS is served by WhiteNoise from STATIC_ROOT when DEBUG is off.
         call_command("collectstatic", interactive=False, verbosity=0)
         connections.close_all()  # the children open their own connections
 
-    def seed_demo_tenant(self) -> str:
-        """Create the demo tenant's agent and console logins; return the agent's new token."""
+    def seed_demo_tenant(self) -> dict[str, str]:
+        """Create the demo tenant's agent and console logins; return one token per principal,
+        the same across restarts while the database keeps it (var/demo-tokens.json)."""
         self.stdout.write(f"==> seeding tenant {DEMO_TENANT!r}")
-        token = issue_token(AGENT, "agent")
-        for name, role, password in LOGINS:
-            issue_token(name, role, password)
+        path = var_dir() / "demo-tokens.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        tokens = {}
+        for name, role, password in [(AGENT, "agent", None), *LOGINS]:
+            token = saved.get(name)
+            if not (isinstance(token, str) and token_is_valid(name, token)):
+                token = issue_token(name, role, password)
+            tokens[name] = token
+        write_private(path, json.dumps(tokens, indent=2) + "\n")
         connections.close_all()
-        return token
+        return tokens
 
     def emit(self, name: str, colour: str, line: str) -> None:
         """Write one line prefixed with a process name; safe to call from relay threads."""
@@ -197,35 +265,91 @@ class Command(BaseCommand):
             self.stdout.write(f"{prefix} {line}")
             self.stdout.flush()
 
-    def print_banner(self, base: str, token: str | None) -> None:
-        """Tell the operator where everything is and how to submit a first command."""
+    def print_banner(
+        self, base: str, tokens: dict[str, str], *, scenario: str | None, seconds: float
+    ) -> None:
+        """Tell the operator where everything is and how to submit a first command; the same
+        text goes to var/demo.txt, to find it again once the logs have scrolled it away."""
+        lines = banner_lines(base, tokens, scenario=scenario, seconds=seconds)
+        path = var_dir() / "demo.txt"
+        write_private(path, "\n".join(lines) + "\n")
         bold = (lambda text: f"\033[1m{text}{RESET}") if self.colour else (lambda text: text)
-        lines = [
-            "",
-            "=" * 78,
-            bold("Effect Gateway demo is up"),
-            f"  Console    {base}",
-            f"  API docs   {base}api/docs/",
-        ]
-        if token is not None:
-            lines.append("  Logins     (username / password)")
-            lines += [
-                f"    {f'{name}@{DEMO_TENANT}':<12} / {pw:<15} {role}" for name, role, pw in LOGINS
-            ]
-            lines += [
-                f"  Agent token ({AGENT}):",
-                f"    {token}",
-                "",
-                "  Submit a command:",
-                f"    TOKEN={token}",
-                f"    {curl_example(base)}",
-            ]
-        else:
-            lines.append("  (--no-seed: no demo logins or token were created)")
-        lines += ["", "Press Ctrl-C to stop.", "=" * 78, ""]
+        lines[0] = bold(lines[0])
+        lines.insert(-1, f"This text is also in {path}.")
+        text = "\n".join(["", "=" * 78, *lines, "=" * 78, ""])
         with self.output_lock:
-            self.stdout.write("\n".join(lines))
+            self.stdout.write(text)
             self.stdout.flush()
+
+
+def banner_lines(
+    base: str, tokens: dict[str, str], *, scenario: str | None, seconds: float
+) -> list[str]:
+    lines = [
+        f"Effect Gateway demo is up (in {seconds:.0f} s)",
+        f"  Console    {base}",
+        f"  API        {base}api/v1/  (docs {base}api/docs/)",
+    ]
+    if tokens:
+        lines.append("  Logins     (username / password)")
+        lines += [
+            f"    {f'{name}@{DEMO_TENANT}':<12} / {pw:<15} {role}" for name, role, pw in LOGINS
+        ]
+        lines += [
+            f"  Agent token ({AGENT}), the same on every start:",
+            f"    {tokens[AGENT]}",
+            "  Tokens of the logins, for the API:",
+            *[f"    {name:<6} {tokens[name]}" for name, _, _ in LOGINS if name in tokens],
+            "",
+            "  Submit a command:",
+            f"    export GATEWAY_URL={base.rstrip('/')} GATEWAY_TOKEN={tokens[AGENT]}",
+            f"    {curl_example()}",
+        ]
+        if scenario:
+            lines += ["", f"  Scenario   {scenario}"]
+    else:
+        lines.append("  (--no-seed: no demo logins or token were created)")
+    lines += ["", "Press Ctrl-C to stop."]
+    return lines
+
+
+def var_dir() -> Path:
+    path = Path(getattr(settings, "VAR_DIR", ROOT / "var"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read: it holds tokens."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def token_is_valid(principal: str, token: str) -> bool:
+    return ApiToken.objects.filter(
+        token_hash=hash_token(token),
+        revoked_at__isnull=True,
+        principal__name=principal,
+        principal__tenant__slug=DEMO_TENANT,
+    ).exists()
+
+
+def describe_servers() -> str:
+    """Which database and broker the demo runs on, in a few words."""
+    db = connection.settings_dict
+    on_socket = str(db["HOST"]).startswith("/")
+    database = (
+        f"embedded PostgreSQL (data in {var_dir() / 'postgres'})"
+        if on_socket
+        else f"PostgreSQL at {db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+    )
+    broker = (
+        "embedded Valkey"
+        if settings.CELERY_BROKER_URL.startswith("redis+socket://")
+        else settings.CELERY_BROKER_URL.split("@")[-1]
+    )
+    return f"database: {database}; broker: {broker}"
 
 
 def issue_token(principal: str, role: str, password: str | None = None) -> str:
@@ -241,12 +365,12 @@ def issue_token(principal: str, role: str, password: str | None = None) -> str:
     return lines[-1]
 
 
-def curl_example(base: str) -> str:
-    """A copy-paste curl that submits DEMO_COMMAND with the token in $TOKEN."""
+def curl_example() -> str:
+    """A copy-paste curl that submits DEMO_COMMAND to $GATEWAY_URL with $GATEWAY_TOKEN."""
     body = json.dumps(DEMO_COMMAND, separators=(",", ":"))
     return (
-        f"curl -s -X POST {base}api/v1/commands"
-        ' -H "Authorization: Bearer $TOKEN"'
+        'curl -s -X POST "$GATEWAY_URL/api/v1/commands"'
+        ' -H "Authorization: Bearer $GATEWAY_TOKEN"'
         ' -H "Idempotency-Key: demo-ticket-1"'
         ' -H "Content-Type: application/json"'
         f" -d '{body}'"
@@ -263,7 +387,9 @@ def ensure_ports_free(addresses: list[tuple[str, int]]) -> None:
                 sock.bind((host, port))
             except OSError as exc:
                 raise CommandError(
-                    f"cannot use {host}:{port} ({exc.strerror}); is another demo running?"
+                    f"cannot use {host}:{port} ({exc.strerror}): another demo may be running; "
+                    'stop it or choose other ports: make demo DEMO_ARGS="--port 8001 '
+                    '--sandbox-port 8766"'
                 ) from None
 
 
@@ -272,30 +398,49 @@ def browser_host(host: str) -> str:
     return "127.0.0.1" if host in {"0.0.0.0", ""} else host
 
 
-def build_children(host: str, port: int, sandbox_port: int) -> list[Child]:
+def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) -> list[Child]:
     """The four processes of the demo, in start order."""
     python = sys.executable
-    schedule = Path(getattr(settings, "VAR_DIR", ROOT / "var")) / "celerybeat-schedule"
-    schedule.parent.mkdir(parents=True, exist_ok=True)
-    celery = [python, "-m", "celery", "-A", "gateway"]
+    schedule = var_dir() / "celerybeat-schedule"
+    level = "INFO" if verbose else "WARNING"
+    celery = [python, "-m", "celery", "-A", "gateway", *([] if verbose else ["--quiet"])]
+    sandbox = [python, MANAGE_PY, "run_sandbox_provider", "--port", str(sandbox_port)]
     return [
-        Child("sandbox", [python, MANAGE_PY, "run_sandbox_provider", "--port", str(sandbox_port)]),
-        Child("web", [python, MANAGE_PY, "runserver", f"{host}:{port}", "--noreload"]),
+        Child("sandbox", [*sandbox, "--data-file", str(var_dir() / "sandbox.json")]),
+        Child(
+            "web",
+            [
+                *[python, "-m", "gunicorn", "gateway.wsgi", "--bind", f"{host}:{port}"],
+                *["--workers", "2", "--threads", "4", "--worker-class", "gthread"],
+                *["--log-level", level.lower()],
+            ],
+        ),
         Child(
             "worker",
             [
                 *celery,
-                *["worker", "--loglevel", "INFO", "--concurrency", "2"],
+                *["worker", "--loglevel", level, "--concurrency", "2"],
                 *["--prefetch-multiplier", "1", "-Q", "celery"],
             ],
         ),
-        Child("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", str(schedule)]),
+        Child("beat", [*celery, "beat", "--loglevel", level, "--schedule", str(schedule)]),
     ]
 
 
-def child_environment(sandbox_port: int) -> dict[str, str]:
-    """The children's environment: ours, unbuffered, pointed at the sandbox we start."""
+def child_environment(sandbox_port: int, *, verbose: bool) -> dict[str, str]:
+    """The children's environment: ours, unbuffered, pointed at the sandbox we start, and
+    quiet unless --verbose (one text line per effect or saga state change)."""
+    quiet = {
+        "LOG_LEVEL": "WARNING",
+        "LOG_TRANSITIONS_LEVEL": "INFO",
+        # Celery's advice against root, eight lines at every start: the demo is local.
+        "PYTHONWARNINGS": "ignore:You're running the worker with superuser privileges",
+    }
+    if verbose:
+        quiet = {}
     return {
+        "LOG_FORMAT": "text",
+        **quiet,
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "GATEWAY_SANDBOX_URL": f"http://127.0.0.1:{sandbox_port}",
@@ -312,6 +457,8 @@ def start_child(child: Child, env: dict[str, str], emit: Callable[[str, str, str
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         process_group=0,  # Ctrl-C goes to our group only; we stop the children ourselves
+        # Should this supervisor be killed outright, the kernel stops the children too.
+        preexec_fn=embedded.die_with_parent(signal.SIGTERM),
     )
     child.relay = threading.Thread(
         target=relay_output, args=(child, emit), name=f"relay-{child.name}", daemon=True
@@ -340,6 +487,12 @@ def install_signal_handlers(stop: StopSignal) -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+def _alive(children: list[Child], stop: StopSignal) -> bool:
+    """The scenario's heartbeat: raise if a child died, False once a stop was asked for."""
+    check_children(children)
+    return not stop.requested.is_set()
 
 
 def check_children(children: list[Child]) -> None:

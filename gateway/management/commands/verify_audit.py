@@ -1,13 +1,17 @@
-"""``manage.py verify_audit [--tenant SLUG] [--against CHECKPOINTS]``: recompute every
-tenant's event hash chain and report the first broken link; check each effect's status and
-each receipt against the chain (gateway.checkpoints); with ``--against`` (a checkpoint file of
-JSON lines, or JSON), prove the ledger extends every signed checkpoint in it. Exit status 1
-when anything is broken."""
+"""``manage.py verify_audit [--tenant SLUG] [--no-seal] [--against CHECKPOINTS]``: report each
+tenant's sealed head and sealing lag, seal what is committed (as the sequencer would), then
+recompute every chain and report the first broken link; check each effect's status and each
+receipt against the chain (gateway.checkpoints); with ``--against`` (a checkpoint file of JSON
+lines, or JSON), prove the ledger extends every signed checkpoint in it. Exit status 1 when
+anything is broken.
+
+With ``--no-seal`` nothing is written: only the sealed part of each chain is verified, and the
+unsealed events (protected by the database trigger alone until sealed) are counted."""
 
 from django.core.management.base import BaseCommand, CommandError
 
 from gateway import checkpoints
-from gateway.audit import verify_tenant
+from gateway.audit import seal_state, seal_tenant, verify_tenant
 from gateway.models import Tenant
 
 
@@ -16,6 +20,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", help="only this tenant's chain")
+        parser.add_argument(
+            "--no-seal", action="store_true", help="verify only what is sealed; write nothing"
+        )
         parser.add_argument(
             "--against",
             metavar="CHECKPOINT",
@@ -26,7 +33,14 @@ class Command(BaseCommand):
             help="the trusted Ed25519 public key (base64); default: this deployment's",
         )
 
-    def handle(self, *args, tenant: str | None = None, against: str | None = None, **options):
+    def handle(
+        self,
+        *args,
+        tenant: str | None = None,
+        no_seal: bool = False,
+        against: str | None = None,
+        **options,
+    ):
         tenants = Tenant.objects.order_by("slug")
         if tenant:
             tenants = tenants.filter(slug=tenant)
@@ -34,6 +48,15 @@ class Command(BaseCommand):
                 raise CommandError(f"no tenant {tenant}")
         broken = 0
         for item in tenants:
+            state = seal_state(item.pk)
+            self.stdout.write(
+                f"{item.slug}: sealed head at {state.length} ({state.last_hash[:12]}…"
+                f"{', sealed ' + state.sealed_at.isoformat() if state.sealed_at else ''}); "
+                f"{state.unsealed} unsealed, sealing lag {state.lag_seconds:.3f}s"
+            )
+            if not no_seal:
+                while seal_tenant(item.pk):
+                    pass
             found = verify_tenant(item.pk)
             if found is not None:
                 broken += 1

@@ -18,6 +18,16 @@ class EndpointCreateSerializer(serializers.Serializer):
         help_text="Default: every event type.",
     )
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    principals = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        help_text="Only effects these principals requested (names). Default: all.",
+    )
+    run_ids = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        help_text="Only effects whose context.run_id is one of these. Default: all.",
+    )
 
 
 class EndpointReasonSerializer(serializers.Serializer):
@@ -32,6 +42,8 @@ class EndpointSerializer(serializers.ModelSerializer):
             "url",
             "description",
             "event_types",
+            "principals",
+            "run_ids",
             "enabled",
             "disabled_reason",
             "created_by",

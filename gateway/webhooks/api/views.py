@@ -50,33 +50,37 @@ class WebhookEndpointViewSet(viewsets.ViewSet):
             url=body["url"],
             event_types=body.get("event_types"),
             description=body.get("description", ""),
+            principals=body.get("principals"),
+            run_ids=body.get("run_ids"),
         )
-        endpoint.secret = secret
-        return Response(EndpointCreatedSerializer(endpoint).data, status=http.HTTP_201_CREATED)
+        # The plaintext secret is no model field (only its sealed form is stored): it is added
+        # to the answer here, once, in EndpointCreatedSerializer's shape.
+        created = {**EndpointSerializer(endpoint).data, "secret": secret}
+        return Response(created, status=http.HTTP_201_CREATED)
 
     @extend_schema(responses=EndpointSerializer)
-    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+    def retrieve(self, request: Request, pk: str) -> Response:
         endpoint = selectors.endpoint_get(principal=_operator(request), endpoint_id=pk)
         return Response(EndpointSerializer(endpoint).data)
 
     @extend_schema(request=EndpointReasonSerializer, responses=EndpointSerializer)
     @action(detail=True, methods=["post"])
-    def enable(self, request: Request, pk: str | None = None) -> Response:
+    def enable(self, request: Request, pk: str) -> Response:
         return self._set_enabled(request, pk, enabled=True)
 
     @extend_schema(request=EndpointReasonSerializer, responses=EndpointSerializer)
     @action(detail=True, methods=["post"])
-    def disable(self, request: Request, pk: str | None = None) -> Response:
+    def disable(self, request: Request, pk: str) -> Response:
         return self._set_enabled(request, pk, enabled=False)
 
     @extend_schema(responses=MessageSerializer(many=True))
     @action(detail=True, methods=["get"])
-    def messages(self, request: Request, pk: str | None = None) -> Response:
+    def messages(self, request: Request, pk: str) -> Response:
         endpoint = selectors.endpoint_get(principal=_operator(request), endpoint_id=pk)
         messages = selectors.endpoint_messages(endpoint)
         return Response({"results": MessageSerializer(messages, many=True).data})
 
-    def _set_enabled(self, request: Request, pk: str | None, *, enabled: bool) -> Response:
+    def _set_enabled(self, request: Request, pk: str, *, enabled: bool) -> Response:
         principal = _operator(request)
         endpoint = selectors.endpoint_get(principal=principal, endpoint_id=pk)
         body = valid_body(EndpointReasonSerializer, request)

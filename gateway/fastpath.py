@@ -1,0 +1,529 @@
+"""The ledger's hot path in as few round trips as PostgreSQL allows.
+
+Three statements carry an ordinary effect from submission to its outcome, each one atomic on
+its own (autocommit: no BEGIN, no COMMIT round trip, no transaction open across Python work):
+
+1. **submit**: one CTE inserts the command, the effect and the ``submitted`` event, or — when
+   the (tenant, key) already exists — returns the existing command and effect with its latest
+   receipt, so that a replay is one query and writes nothing;
+2. **claim**: one CTE locks the effect, moves it PREPARED/NOT_STARTED → DISPATCHING at
+   ``fence + 1`` *only if* every dispatch check holds (not frozen, command not expired,
+   attempts left, principal not frozen, type not frozen, grant live, approval fresh, no saga),
+   inserts the ``claimed`` event and the attempt row, and returns what the adapter needs;
+3. **record**: one CTE writes the outcome at the claim's fence (status, event, attempt,
+   receipt) *only if* nothing else has to happen in that transaction (no compensation to
+   settle, no saga to tell, no webhook endpoint of the tenant to write an outbox row for).
+
+Each returns None when its conditions do not hold, and the caller takes the general path in
+``gateway.services`` (which decides why: expire, reject, refuse a stale write, …). The rules
+are the general path's; this module only folds them into the WHERE clauses. PostgreSQL only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from gateway import hooks, trust
+from gateway.choices import ApprovalState, EffectStatus
+from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
+from gateway.webhooks.models import WebhookEndpoint
+
+S = EffectStatus
+
+
+# What the statements below account for, by name. The claim and the record skip
+# ``hooks.after_transition`` and ``hooks.dispatch_holds``: each listener here is provably idle
+# on the rows they touch, because of a condition in their WHERE clause or because of the
+# statuses involved. A listener or hold not in these sets turns the fast path off (the
+# general path calls every listener) until its condition is written here.
+_ACCOUNTED_LISTENERS = frozenset(
+    {
+        # acts only on CANCELLED / EXPIRED / REJECTED-before-dispatch: never here
+        "gateway.capabilities.capability_release_unsent",
+        # record: only when the tenant has no enabled endpoint; claim: DISPATCHING announces
+        # nothing
+        "gateway.webhooks.apps.announce_transition",
+        # both statements require c.saga_id = ''
+        "sagas.listeners.advance_after_transition",
+    }
+)
+_ACCOUNTED_HOLDS = frozenset({"frozen saga"})  # the claim requires c.saga_id = ''
+
+
+def _listener_name(listener: Any) -> str:
+    return f"{getattr(listener, '__module__', '?')}.{getattr(listener, '__qualname__', '?')}"
+
+
+def enabled() -> bool:
+    if not settings.GATEWAY_FAST_PATH:
+        return False
+    return all(
+        _listener_name(listener) in _ACCOUNTED_LISTENERS for listener in hooks.after_transition
+    ) and all(hold.name in _ACCOUNTED_HOLDS for hold in hooks.dispatch_holds)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _columns(model, alias: str, prefix: str) -> tuple[str, list]:
+    fields = list(model._meta.concrete_fields)
+    sql = ", ".join(f'{alias}."{f.column}" AS "{prefix}{f.column}"' for f in fields)
+    return sql, fields
+
+
+def _load(model, fields, values):
+    """A model instance from raw values (the converters the ORM would apply, JSON mostly)."""
+    converted = []
+    for field, value in zip(fields, values, strict=True):
+        from_db = getattr(field, "from_db_value", None)
+        if from_db is not None and value is not None:
+            value = from_db(value, None, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)
+
+
+# --- the grants an agent submits under: read once per TTL per process ------------------------
+
+
+def _live_grants(principal: Principal, now) -> list[Capability]:
+    """The principal's live grants, from this process's short trust (gateway.trust: the same
+    window as the token; dispatch re-checks the grant) or the database."""
+    grants = trust.grants.get(principal.pk)
+    if grants is not None:
+        return grants
+    from gateway.capabilities import _live
+
+    grants = list(Capability.objects.filter(_live(now), principal=principal).order_by("created_at"))
+    trust.grants.put(principal.pk, grants)
+    return grants
+
+
+def unlimited_grant(principal: Principal, contract, resource: dict, now) -> Capability | None:
+    """The first live grant that matches, if it reserves nothing (no budget); None when the
+    general path must decide (no grant: a 403 with its reason; a budget: a reservation)."""
+    from gateway.capabilities import _matches
+
+    for cap in _live_grants(principal, now):
+        if cap.expires_at is not None and cap.expires_at <= now:
+            continue
+        if cap.revoked_at is not None or not _matches(cap, contract.type, resource):
+            continue
+        if cap.budget_count is None and cap.budget_amount is None:
+            return cap
+        return None  # the first match has a budget: reserve it the general way
+    return None
+
+
+# --- 1. submit ---------------------------------------------------------------------------------
+
+_C_COLS, _C_FIELDS = _columns(Command, "c", "c_")
+_E_COLS, _E_FIELDS = _columns(Effect, "e", "e_")
+_R_COLS, _R_FIELDS = _columns(Receipt, "r", "r_")
+_P_COLS, _P_FIELDS = _columns(Principal, "p", "p_")
+
+# Insert, or read what the key already names: one statement, one snapshot. The read half
+# returns a row only when the insert did nothing (the key exists); then nothing is written.
+_NULLS = ", ".join(["NULL"] * (len(_C_FIELDS) + len(_E_FIELDS) + len(_P_FIELDS) + len(_R_FIELDS)))
+_SUBMIT_OR_EXISTING = f"""
+WITH cmd AS (
+    INSERT INTO gateway_command (
+        effect_id, tenant_id, type, provider, idempotency_key, provider_key, payload_digest,
+        resource, resource_type, resource_id, resource_version, payload_sealed,
+        payload_redacted, intent, context, requested_by_id, capability_id, budget_amount,
+        approval_required, compensates_id, saga_id, saga_step, expires_at, created_at)
+    VALUES (%(id)s, %(tenant)s, %(type)s, %(provider)s, %(key)s, %(provider_key)s, %(digest)s,
+        %(resource)s::jsonb, %(resource_type)s, %(resource_id)s, %(resource_version)s,
+        %(sealed)s, %(redacted)s::jsonb, %(intent)s::jsonb, %(context)s::jsonb,
+        %(principal)s, %(capability)s, 0, %(approval_required)s, NULL, '', '', %(expires)s,
+        %(now)s)
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING effect_id
+), eff AS (
+    INSERT INTO gateway_effect (
+        effect_id, tenant_id, type, owner, status, status_changed_at, fence, attempt_count,
+        lease_expires_at, next_dispatch_at, next_check_at, check_count, frozen, mismatch,
+        escalated, provider_operation_id, confirmed_at, approval_state, approved_by_id,
+        approved_digest, approved_at, compensated_by_id, created_at, updated_at)
+    SELECT effect_id, %(tenant)s, %(type)s, %(owner)s, %(status)s, %(now)s, 0, 0, NULL,
+        %(next_dispatch)s, NULL, 0, false, false, false, '', NULL, %(approval_state)s, NULL,
+        '', NULL, NULL, %(now)s, %(now)s
+    FROM cmd
+    RETURNING effect_id
+), ev AS (
+    INSERT INTO gateway_effectevent (
+        tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
+        reason, data, created_at, prev_hash, hash)
+    SELECT %(tenant)s, effect_id, '', 'submitted', '', %(status)s, %(actor)s, %(principal)s,
+        %(reason)s, %(event_data)s::jsonb, %(now)s, '', ''
+    FROM eff
+    RETURNING effect_id
+), existing AS (
+    SELECT {_C_COLS}, {_E_COLS}, {_P_COLS}, {_R_COLS}
+    FROM gateway_command c
+    JOIN gateway_effect e ON e.effect_id = c.effect_id
+    JOIN gateway_principal p ON p.id = c.requested_by_id
+    LEFT JOIN LATERAL (
+        SELECT * FROM gateway_receipt r0 WHERE r0.effect_id = c.effect_id
+        ORDER BY r0.received_at DESC, r0.id DESC LIMIT 1
+    ) r ON true
+    WHERE c.tenant_id = %(tenant)s AND c.idempotency_key = %(key)s
+      AND NOT EXISTS (SELECT 1 FROM cmd)
+)
+SELECT true, {_NULLS} FROM ev
+UNION ALL
+SELECT false, existing.* FROM existing
+"""
+
+
+@dataclass(frozen=True)
+class Written:
+    """The effect as the submission statement wrote or found it, ready to answer with."""
+
+    effect: Effect
+    created: bool
+
+
+def _existing_from_row(row, principal: Principal) -> Effect:
+    n_c, n_e, n_p = len(_C_FIELDS), len(_E_FIELDS), len(_P_FIELDS)
+    command = _load(Command, _C_FIELDS, row[:n_c])
+    effect = _load(Effect, _E_FIELDS, row[n_c : n_c + n_e])
+    requester = _load(Principal, _P_FIELDS, row[n_c + n_e : n_c + n_e + n_p])
+    receipt_values = row[n_c + n_e + n_p :]
+    requester.tenant = principal.tenant  # one tenant: the query is scoped by it
+    command.requested_by = requester
+    command.tenant = principal.tenant
+    effect.command = command
+    effect.tenant = principal.tenant
+    receipt = None
+    if receipt_values[0] is not None:
+        receipt = _load(Receipt, _R_FIELDS, receipt_values)
+    # Read with the effect: the serializer answers with it instead of a second query.
+    effect._latest_receipt = receipt
+    return effect
+
+
+def submit(
+    *,
+    principal: Principal,
+    contract,
+    idempotency_key: str,
+    digest: str,
+    resource: dict,
+    payload: dict,
+    intent: Any,
+    context: Any,
+    expires_in: Any,
+    sealed: str,
+    redacted: dict,
+    capability: Capability | None,
+    now,
+    effect_id: str | None = None,
+) -> Written | None:
+    """Insert command + effect + event, or find the key's existing effect: one statement.
+
+    None when the existing row was committed after this statement's snapshot (a concurrent
+    submission of the same key): the caller reads it again the general way.
+    """
+    needs_approval = contract.requires_approval(payload)
+    status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
+    # The caller names the id when the payload is sealed bound to it (gateway.integrity).
+    effect_id = effect_id or new_effect_id()
+    expires_at = now + timedelta(seconds=expires_in or 3600)
+    next_dispatch = (
+        None if needs_approval else now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
+    )
+    approval_state = ApprovalState.PENDING if needs_approval else ApprovalState.NOT_REQUIRED
+    reason = ("waiting for an approver: " + contract.approval.description) if needs_approval else ""
+    params: dict[str, Any] = {
+        "id": effect_id,
+        "tenant": principal.tenant_id,
+        "type": contract.type,
+        "provider": contract.provider,
+        "key": idempotency_key,
+        "provider_key": f"{principal.tenant.slug}:{idempotency_key}",
+        "digest": digest,
+        "resource": _json(resource),
+        "resource_type": resource["type"],
+        "resource_id": resource["id"],
+        "resource_version": resource.get("version"),
+        "sealed": sealed,
+        "redacted": _json(redacted),
+        "intent": _json(intent or {}),
+        "context": _json(context or {}),
+        "principal": principal.pk,
+        "capability": capability.pk if capability else None,
+        "approval_required": needs_approval,
+        "expires": expires_at,
+        "now": now,
+        "owner": contract.owner,
+        "status": status,
+        "next_dispatch": next_dispatch,
+        "approval_state": approval_state,
+        "actor": principal.label,
+        "reason": reason,
+        "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_SUBMIT_OR_EXISTING, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if not row[0]:
+        return Written(_existing_from_row(row[1:], principal), created=False)
+    command = Command(
+        effect_id=effect_id,
+        tenant=principal.tenant,
+        type=contract.type,
+        provider=contract.provider,
+        idempotency_key=idempotency_key,
+        provider_key=params["provider_key"],
+        payload_digest=digest,
+        resource=resource,
+        resource_type=resource["type"],
+        resource_id=resource["id"],
+        resource_version=resource.get("version"),
+        payload_sealed=sealed,
+        payload_redacted=redacted,
+        intent=intent or {},
+        context=context or {},
+        requested_by=principal,
+        capability=capability,
+        budget_amount=0,
+        approval_required=needs_approval,
+        saga_id="",
+        saga_step="",
+        expires_at=expires_at,
+        created_at=now,
+    )
+    effect = Effect(
+        command=command,
+        tenant=principal.tenant,
+        type=contract.type,
+        owner=contract.owner,
+        status=status,
+        status_changed_at=now,
+        approval_state=approval_state,
+        next_dispatch_at=next_dispatch,
+        created_at=now,
+        updated_at=now,
+    )
+    for obj in (command, effect):
+        obj._state.adding, obj._state.db = False, connection.alias
+    effect._latest_receipt = None  # type: ignore[attr-defined]
+    # The submitter's own payload, as sent: the answer needs no decryption.
+    effect._clear_payload = payload  # type: ignore[attr-defined]
+    return Written(effect, created=True)
+
+
+# --- 2. claim ----------------------------------------------------------------------------------
+
+_CLAIM = """
+WITH old AS (
+    SELECT effect_id, status FROM gateway_effect
+    WHERE effect_id = %(id)s AND status IN ('PREPARED', 'NOT_STARTED') AND NOT frozen
+    FOR UPDATE
+), claimed AS (
+    UPDATE gateway_effect e
+       SET status = 'DISPATCHING', fence = e.fence + 1, attempt_count = e.attempt_count + 1,
+           next_dispatch_at = NULL, lease_expires_at = %(lease)s, status_changed_at = %(now)s,
+           updated_at = %(now)s
+      FROM old, gateway_command c, gateway_principal p,
+           unnest(%(types)s::text[], %(budgets)s::int[]) AS budget (type, attempts)
+     WHERE e.effect_id = old.effect_id AND e.status = old.status AND NOT e.frozen
+       AND c.effect_id = e.effect_id AND p.id = c.requested_by_id
+       AND c.expires_at > %(now)s
+       AND budget.type = e.type AND e.attempt_count < budget.attempts
+       AND NOT p.frozen
+       AND c.saga_id = ''
+       AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
+       -- the approval names this command's digest; anything else: the general path refuses
+       AND (NOT c.approval_required OR (e.approval_state = 'approved'
+                                        AND e.approved_digest = c.payload_digest))
+       AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
+                        WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
+       AND (c.capability_id IS NULL OR EXISTS (
+            SELECT 1 FROM gateway_capability k WHERE k.id = c.capability_id
+               AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > %(now)s)))
+    RETURNING e.effect_id, e.tenant_id, e.fence, e.attempt_count, e.check_count,
+              old.status AS from_status, c.type, c.provider_key, c.resource, c.payload_sealed,
+              c.payload_digest
+), ev AS (
+    INSERT INTO gateway_effectevent (
+        tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
+        reason, data, created_at, prev_hash, hash)
+    SELECT tenant_id, effect_id, '', 'claimed', from_status, 'DISPATCHING', %(actor)s, NULL,
+           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s, '', ''
+      FROM claimed
+), attempt AS (
+    INSERT INTO gateway_attempt (
+        effect_id, number, fence, worker, state, outcome, http_status, provider_operation_id,
+        error, started_at, finished_at)
+    SELECT effect_id, attempt_count, fence, %(worker)s, 'sending', '', NULL, '', '', %(now)s,
+           NULL
+      FROM claimed
+    RETURNING id
+)
+SELECT claimed.*, attempt.id FROM claimed, attempt
+"""
+
+
+@dataclass(frozen=True)
+class FastClaim:
+    effect_id: str
+    tenant_id: int
+    fence: int
+    attempt_id: int
+    attempt_number: int
+    check_count: int
+    type: str
+    provider_key: str
+    resource: dict
+    payload_sealed: str
+    payload_digest: str
+
+
+def claim(*, effect_id: str, worker: str) -> FastClaim | None:
+    """Claim ``effect_id`` if every dispatch check holds; None otherwise (or if another worker
+    has it): the general path then decides what the effect needs."""
+    from gateway.contracts import CONTRACTS
+
+    now = timezone.now()
+    params: dict[str, Any] = {
+        "id": effect_id,
+        "now": now,
+        "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
+        # Each type's attempt budget (its contract's recovery policy); unknown types: none.
+        "types": list(CONTRACTS),
+        "budgets": [c.recovery.max_dispatch_attempts for c in CONTRACTS.values()],
+        "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
+        "actor": f"worker:{worker}",
+        "worker": worker,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    (eid, tenant_id, fence, number, checks, _from, type_, key, resource, sealed, digest, aid) = row
+    if isinstance(resource, str):
+        resource = json.loads(resource)
+    return FastClaim(
+        eid, tenant_id, fence, aid, number, checks, type_, key, resource, sealed, digest
+    )
+
+
+# --- 3. record ---------------------------------------------------------------------------------
+
+_RECORD = f"""
+WITH recorded AS (
+    UPDATE gateway_effect e
+       SET status = %(to)s, status_changed_at = %(now)s, updated_at = %(now)s,
+           lease_expires_at = NULL, next_check_at = %(next_check)s,
+           next_dispatch_at = %(next_dispatch)s,
+           provider_operation_id = COALESCE(%(op_id)s, e.provider_operation_id),
+           mismatch = e.mismatch OR %(mismatch)s,
+           confirmed_at = COALESCE(%(confirmed)s, e.confirmed_at)
+      FROM gateway_command c
+     WHERE e.effect_id = %(id)s AND e.status = 'DISPATCHING' AND e.fence = %(fence)s
+       AND c.effect_id = e.effect_id AND c.compensates_id IS NULL AND c.saga_id = ''
+       AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
+                        WHERE w.tenant_id = e.tenant_id AND w.enabled)
+    RETURNING e.effect_id, e.tenant_id, c.provider, c.payload_digest AS command_digest
+), ev AS (
+    INSERT INTO gateway_effectevent (
+        tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
+        reason, data, created_at, prev_hash, hash)
+    SELECT tenant_id, effect_id, '', 'dispatched', 'DISPATCHING', %(to)s, %(actor)s, NULL,
+           %(reason)s, %(evidence)s::jsonb, %(now)s, '', ''
+      FROM recorded
+), attempt AS (
+    UPDATE gateway_attempt SET state = 'finished', outcome = %(outcome)s,
+           http_status = %(http_status)s, provider_operation_id = COALESCE(%(op_id)s, ''),
+           error = %(error)s, finished_at = %(now)s
+     WHERE id = %(attempt)s AND EXISTS (SELECT 1 FROM recorded)
+), receipt AS (
+    INSERT INTO gateway_receipt (
+        effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
+        payload_digest, digest_matches, result, result_digest, received_at, seal)
+    SELECT effect_id, %(attempt)s, 'dispatch', provider, %(op_id)s, %(op_status)s,
+           %(op_digest)s, %(op_digest)s = command_digest, %(op_result)s::jsonb,
+           %(result_digest)s, %(now)s, %(seal)s
+      FROM recorded WHERE %(op_id)s IS NOT NULL
+)
+SELECT count(*) FROM recorded
+"""
+
+
+def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
+    """Write the outcome at the claim's fence in one statement. False: the general path must
+    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
+    from gateway.choices import OUTCOME_STATUS
+    from gateway.lib.digest import sha256_digest
+
+    operation = result.operation
+    evidence = {
+        "attempt": claim.attempt_number,
+        "fence": claim.fence,
+        "outcome": str(result.outcome),
+        "http_status": result.http_status,
+        "provider_operation_id": operation.id if operation else None,
+        "provider_status": operation.status if operation else None,
+        "mismatch": result.mismatch,
+        "error": (result.error or "")[:500],
+    }
+    params: dict[str, Any] = {
+        "id": claim.effect_id,
+        "fence": claim.fence,
+        "to": OUTCOME_STATUS[result.outcome],
+        "now": now,
+        "next_check": fields.get("next_check_at"),
+        "next_dispatch": fields.get("next_dispatch_at"),
+        "op_id": operation.id if operation else None,
+        "mismatch": bool(fields.get("mismatch")),
+        "confirmed": fields.get("confirmed_at"),
+        "actor": f"worker:{worker}",
+        "reason": result.reason,
+        "evidence": _json(evidence),
+        "outcome": str(result.outcome),
+        "http_status": result.http_status,
+        "error": (result.error or "")[:2000],
+        "attempt": claim.attempt_id,
+        "op_status": operation.status if operation else None,
+        "op_digest": operation.payload_digest if operation else None,
+        "op_result": _json(operation.result if operation else {}),
+        "result_digest": sha256_digest(operation.result) if operation else None,
+    }
+    params["seal"] = _receipt_seal(claim, params) if operation else ""
+    with connection.cursor() as cursor:
+        cursor.execute(_RECORD, params)
+        return cursor.fetchone()[0] == 1
+
+
+def _receipt_seal(claim: FastClaim, params: dict[str, Any]) -> str:
+    """The seal the general path gives a receipt (gateway.checkpoints), over the same fields
+    the statement above writes."""
+    from gateway.checkpoints import receipt_seal
+    from gateway.contracts import get_contract
+
+    contract = get_contract(claim.type)
+    receipt = Receipt(
+        effect_id=claim.effect_id,
+        attempt_id=claim.attempt_id,
+        source=Receipt.Source.DISPATCH,
+        provider=contract.provider if contract else "",
+        provider_operation_id=params["op_id"],
+        provider_status=params["op_status"],
+        payload_digest=params["op_digest"],
+        digest_matches=params["op_digest"] == claim.payload_digest,
+        result_digest=params["result_digest"],
+        received_at=params["now"],
+    )
+    return receipt_seal(receipt)
