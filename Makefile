@@ -65,6 +65,10 @@ test: install browser ## Lint, format, types, import boundaries, migrations curr
 	$(RUFF) format --check .
 	$(MAKE) typecheck lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
+	@# axe-core (npm registry, pinned in tests/console/package-lock.json) for the console's
+	@# accessibility checks; they skip, saying why, where npm is missing.
+	@if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
+		else echo "note: npm is missing: the console's axe-core checks skip"; fi
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 	$(MAKE) clients-test
 

@@ -122,6 +122,9 @@ class EffectContract:
     automatic_compensation: bool = True
     compensation: CompensationBuilder | None = None
     personal_fields: tuple[str, ...] = ()
+    # The provider's own console for one operation, as a template of ``{base}`` (the
+    # provider's URL), ``{provider_key}`` and ``{operation_id}``; None: it has none.
+    console_url: str | None = None
 
     def requires_approval(self, payload: Mapping[str, Any]) -> bool:
         return self.approval.requires_approval(payload)
@@ -264,6 +267,10 @@ _ORDER = {"type": "order", "id": "ord_881", "version": 17}
 CONTRACTS: dict[str, EffectContract] = {}
 
 
+# The billing provider's (here: the sandbox's) page of the operations it holds for a key.
+_BILLING_CONSOLE = "{base}/_operations?idempotency_key={provider_key}"
+
+
 def register(contract: EffectContract) -> EffectContract:
     if contract.type in CONTRACTS:
         raise ValueError(f"effect type {contract.type} declared twice")
@@ -296,6 +303,7 @@ register(
         compensation_window=timedelta(days=30),
         irreversible_boundary="payout_settled",
         compensation=_refund_charge,
+        console_url=_BILLING_CONSOLE,
     )
 )
 
@@ -322,6 +330,7 @@ register(
         ),
         irreversible=True,
         automatic_compensation=False,
+        console_url=_BILLING_CONSOLE,
     )
 )
 

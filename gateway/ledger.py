@@ -171,19 +171,23 @@ def annotate(
     principal: Principal | None = None,
     data: dict[str, Any] | None = None,
     expect_status: str | None = None,
+    where: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> bool:
     """Set flags or schedule fields of ``effect`` without changing its status, and (with a
     ``kind``) append the event that says why, in the caller's transaction.
 
     The caller holds the tenant's chain head or the effect's row lock (the lock order of
-    gateway.audit). With ``expect_status`` it is a compare-and-set on the status: False (and
-    no event) when another actor moved the effect meanwhile. The instance gets the fields.
+    gateway.audit). With ``expect_status`` (and ``where``, other fields as read) it is a
+    compare-and-set: False (and no event) when another actor moved the effect meanwhile. The
+    instance gets the fields.
     """
     now = now or timezone.now()
     query = Effect.objects.filter(pk=effect.pk)
     if expect_status is not None:
         query = query.filter(status=expect_status)
+    if where:  # more of the compare-and-set: the flags the caller read
+        query = query.filter(**where)
     if not query.update(updated_at=now, **fields):
         return False
     for name, value in fields.items():

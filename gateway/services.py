@@ -380,8 +380,10 @@ def effect_approve(
         raise NotPermitted("The requester of a command cannot approve it.")
     if payload_digest != effect.command.payload_digest:
         raise DigestMismatch(
-            f"You approved {payload_digest!r}, but the command's digest is "
-            f"{effect.command.payload_digest}. Re-read the command and approve what it says.",
+            # Never the right digest in the message: an approver must read it from the
+            # command, not copy it from an error.
+            f"You approved {payload_digest!r}, which is not this command's digest. Re-read "
+            "the command and approve what it says.",
             extra={"payload_digest": effect.command.payload_digest},
         )
     now = timezone.now()

@@ -9,7 +9,7 @@ class ReconciliationConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway.console import extensions
-        from reconciliation import views
+        from reconciliation import claims, views
         from reconciliation.metrics import register_collector
 
         register_collector()
@@ -18,3 +18,14 @@ class ReconciliationConfig(AppConfig):
         extensions.add_effect_panel(views.effect_panel)
         for name, action in views.EFFECT_ACTIONS.items():
             extensions.add_effect_action(name, action)
+        # Who is on it (take / release), closing a case of a settled effect, recording the
+        # manual fix of a failed compensation.
+        extensions.add_effect_panel(views.effect_holder_panel)
+        for name, action in views.CLAIM_ACTIONS.items():
+            extensions.add_effect_action(name, action)
+        # The triage queue: effects with an open case need a human too, a failed compensation
+        # fixed by hand no longer does; who holds each row; the group actions.
+        extensions.add_triage_predicates(include=views.has_open_case, exclude=views.failure_fixed)
+        extensions.add_triage_holders(claims.holders)
+        for name, bulk_action in views.BULK_ACTIONS.items():
+            extensions.add_bulk_action(name, bulk_action)

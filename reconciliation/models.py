@@ -204,3 +204,30 @@ class OrphanReceipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.provider_operation_id or self.idempotency_key}"
+
+
+class Claim(models.Model):
+    """Who is on an effect: taken by one principal of its tenant until released."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="claims")
+    principal = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="+")
+    taken_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    released_by = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        constraints = [
+            # Two engineers taking the same effect at once: one of them gets it, the other is
+            # told who did.
+            models.UniqueConstraint(
+                fields=["effect"],
+                condition=Q(released_at__isnull=True),
+                name="claim_one_holder_per_effect",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} taken by {self.principal_id}"

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -42,18 +42,18 @@ from gateway.console.base import (
     render_polled,
     role_may,
 )
-from gateway.console.effects import load_effect
-from gateway.console.extensions import EffectAction, Panel
-from gateway.console.forms import NoteForm, ReasonForm
+from gateway.console.effects import changed_by, load_effect
+from gateway.console.extensions import BulkAction, EffectAction, Panel
+from gateway.console.forms import NoteForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import owners
 from gateway.errors import NotFound, NotPermitted
 from gateway.lib import jsonin
 from gateway.models import Effect, Principal
 from gateway.providers.base import ProviderOperation
 from gateway.templatetags.console import duration_label, money
-from reconciliation import choices, selectors, services
+from reconciliation import bulk, choices, claims, presence, selectors, services
 from reconciliation.metrics import WEBHOOKS_REFUSED
-from reconciliation.models import OrphanReceipt
+from reconciliation.models import Case, OrphanReceipt
 from reconciliation.webhooks import BadSignature, verify
 
 S = EffectStatus
@@ -238,6 +238,9 @@ class CaseRow:
     cost: str
     may_acknowledge: bool
     may_resolve: bool
+    # The effect is settled (a confirmed charge whose later receipt disagreed): closed with a
+    # note instead of resolved.
+    may_close: bool = False
 
 
 def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
@@ -249,6 +252,7 @@ def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
         cost=money(case.effect.command.payload_redacted),
         may_acknowledge=operator and case.state == choices.CaseState.OPEN,
         may_resolve=operator and unresolved and resolvable(case.effect),
+        may_close=operator and unresolved and case.effect.status not in TO_RECONCILE,
     )
 
 
@@ -366,9 +370,19 @@ def _case_resolve(request: ConsoleRequest, case: Any, data: dict[str, Any]) -> s
     )
 
 
+def _case_close(request: ConsoleRequest, case: Any, data: dict[str, Any]) -> str:
+    services.case_close(case=case, principal=request.principal, note=data["note"])
+    return f"Closed case {case.pk} of {case.effect_id}, with your note on record."
+
+
+class CloseForm(forms.Form):
+    note = forms.CharField(max_length=2000)
+
+
 CASE_ACTIONS: dict[str, Action] = {
     "acknowledge": Action(NoteForm, _case_acknowledge),
     "resolve": Action(ResolveForm, _case_resolve),
+    "close": Action(CloseForm, _case_close),
 }
 
 
@@ -387,7 +401,7 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
     filters = CaseFilters.parse(QueryDict(request.POST.get("filters", "")))
     back = reverse("console:cases") + (f"?{filters.querystring()}" if filters.active else "")
 
-    def answer() -> str:
+    def answer(**extra: Any) -> str:
         fresh = (
             selectors.cases_for_principal(principal)
             .select_related("effect__command")
@@ -401,13 +415,14 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
                 "row": row,
                 "filters": filters,
                 "resolve_outcomes": RESOLVE_OUTCOMES,
+                **extra,
             },
             request=request,
         )
         return html + badges_oob(request)
 
     run = spec.run
-    return perform(
+    response = perform(
         request,
         form=spec.form(request.POST),
         run=lambda data: run(request, case, data),
@@ -415,18 +430,82 @@ def case_action(request: ConsoleRequest, case_id: str, action: str) -> HttpRespo
         target=f"#case-{case.pk}-error",
         answer=answer,
     )
+    if response.status_code == 409 and is_partial(request):
+        # Someone else got there first: the card is redrawn (out of band) with who did what.
+        events = list(case.effect.events.order_by("-id")[:1])
+        response.content = (
+            response.content + answer(oob=True, changed_by=changed_by(events)).encode()
+        )
+    return response
 
 
 # --- what reconciliation adds to the effect page (registered in ReconciliationConfig.ready) ---
 
 
+@dataclass(frozen=True)
+class RecordRun:
+    """Consecutive records that say the same thing (eight identical failed lookups), shown as
+    one row with a count: ``record`` is the latest of them."""
+
+    record: Any
+    count: int
+    first_at: datetime
+
+
+def record_runs(records: list[Any]) -> list[RecordRun]:
+    runs: list[RecordRun] = []
+    for record in records:
+        same = (
+            record.kind,
+            record.lookup_by,
+            record.lookup_status,
+            record.provider_status,
+            record.http_status,
+            record.outcome,
+            record.actor,
+        )
+        if runs and record.kind == choices.RecordKind.LOOKUP:
+            last = runs[-1].record
+            if same == (
+                last.kind,
+                last.lookup_by,
+                last.lookup_status,
+                last.provider_status,
+                last.http_status,
+                last.outcome,
+                last.actor,
+            ):
+                runs[-1] = RecordRun(record, runs[-1].count + 1, runs[-1].first_at)
+                continue
+        runs.append(RecordRun(record, 1, record.created_at))
+    return runs
+
+
+def failing_since(records: list[Any]) -> datetime | None:
+    """When the lookups that are failing now started failing (the provider did not answer),
+    or None when the latest lookup got an answer."""
+    since = None
+    for record in reversed(records):
+        if record.kind != choices.RecordKind.LOOKUP:
+            break
+        if record.lookup_status != choices.LookupStatus.UNREACHABLE:
+            break
+        since = record.created_at
+    return since
+
+
 def effect_panel(principal: Principal, effect: Effect) -> Panel:
     """The effect's unresolved human-queue case and its reconciliation records (lookups and
-    manual resolutions)."""
+    manual resolutions), repeated lookups collapsed into one row with a count."""
     open_case = selectors.effect_open_case(effect)
     records = list(selectors.effect_records(effect))
     return Panel(
-        {"open_case": open_case, "records": records},
+        {
+            "open_case": open_case,
+            "records": records,
+            "record_runs": record_runs(records),
+            "failing_since": failing_since(records),
+        },
         token=(
             (open_case.pk, open_case.state) if open_case is not None else None,
             records[-1].pk if records else None,
@@ -491,3 +570,164 @@ EFFECT_ACTIONS: dict[str, EffectAction] = {
         ),
     ),
 }
+
+
+# --- who is on it, closing cases, failed compensations (registered in ReconciliationConfig) ---
+
+
+def _take(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    claims.effect_take(effect=effect, principal=request.principal, note=data.get("reason", ""))
+    return f"You are on {effect.pk}: triage and its page say so."
+
+
+def _release(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    released = claims.effect_release(
+        effect=effect, principal=request.principal, note=data.get("reason", "")
+    )
+    return f"Released {effect.pk}." if released else f"Nobody held {effect.pk}."
+
+
+def _close_case(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    open_case = selectors.effect_open_case(effect)
+    if open_case is None:
+        raise NotFound(f"{effect.pk} has no open case to close.")
+    services.case_close(case=open_case, principal=request.principal, note=data["reason"])
+    return f"Closed case {open_case.pk} of {effect.pk}, with your note on record."
+
+
+def _record_fix(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> str:
+    case = services.effect_record_fix(
+        effect=effect, principal=request.principal, note=data["reason"]
+    )
+    return f"Recorded the fix of {effect.pk} (case {case.pk}); it leaves the triage queue."
+
+
+def needs_human(effect: Effect, page: dict[str, Any]) -> bool:
+    """What the triage queue lists (an effect someone may want to say they are on)."""
+    return (
+        effect.status in TO_RECONCILE
+        or effect.status == S.COMPENSATION_FAILED
+        or effect.escalated
+        or effect.mismatch
+        or page.get("open_case") is not None
+    )
+
+
+def effect_holder_panel(principal: Principal, effect: Effect) -> Panel:
+    """Who holds the effect, and who else has it open now."""
+    holder = claims.effect_holder(effect)
+    viewers = presence.effect_viewers(effect_id=effect.pk, principal=principal)
+    return Panel(
+        {"holder": holder, "viewers": viewers},
+        token=(holder.principal_id if holder else None, viewers),
+    )
+
+
+CLAIM_ACTIONS: dict[str, EffectAction] = {
+    "take": EffectAction(
+        ReasonForm,
+        _take,
+        shown=lambda principal, effect, page: (
+            _operator(principal) and page.get("holder") is None and needs_human(effect, page)
+        ),
+    ),
+    "release": EffectAction(
+        ReasonForm,
+        _release,
+        shown=lambda principal, effect, page: (
+            _operator(principal) and page.get("holder") is not None
+        ),
+    ),
+    "close-case": EffectAction(
+        RequiredReasonForm,
+        _close_case,
+        shown=lambda principal, effect, page: (
+            _operator(principal)
+            and page.get("open_case") is not None
+            and effect.status not in TO_RECONCILE
+        ),
+    ),
+    "record-fix": EffectAction(
+        RequiredReasonForm,
+        _record_fix,
+        shown=lambda principal, effect, page: (
+            _operator(principal) and effect.status == S.COMPENSATION_FAILED
+        ),
+    ),
+}
+
+
+def _bulk_reconcile(request: ConsoleRequest, ids: list[str], group: Any) -> str:
+    result = bulk.effects_reconcile_now(effect_ids=ids, principal=request.principal)
+    said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(result.outcomes.items()))
+    refused = f"; {len(result.refused)} refused (settled meanwhile)" if result.refused else ""
+    return (
+        f"Looked up {result.changed} of {result.asked} effects at {group.provider}: "
+        f"{said or 'nothing'}{refused}."
+    )
+
+
+def _bulk_rearm(request: ConsoleRequest, ids: list[str], group: Any) -> str:
+    done = bulk.effects_rearm(
+        effect_ids=ids,
+        actor=request.principal.label,
+        principal=request.principal,
+        reason=f"re-armed by hand with {len(ids)} effects escalated at {group.provider}",
+    )
+    return (
+        f"Re-armed the lookups of {len(done)} of {len(ids)} effects: the reconciler asks "
+        f"{group.provider} about them again on its next sweep."
+    )
+
+
+def _bulk_take(request: ConsoleRequest, ids: list[str], group: Any) -> str:
+    result = bulk.effects_take(effect_ids=ids, principal=request.principal)
+    refused = f"; {len(result.refused)} held by someone else" if result.refused else ""
+    return f"You are on {result.changed} of {result.asked} effects{refused}."
+
+
+BULK_ACTIONS: dict[str, BulkAction] = {
+    "reconcile": BulkAction(
+        "Look up all {count} now",
+        frozenset({"escalated", "unknown", "overdue"}),
+        _bulk_reconcile,
+        tone="primary",
+    ),
+    "rearm": BulkAction("Re-arm lookups of {count}", frozenset({"escalated"}), _bulk_rearm),
+    "take": BulkAction("Take all {count}", frozenset(), _bulk_take),
+}
+
+
+# More open cases than this in one tenant and the rest show under Cases only.
+OPEN_CASES_IN_TRIAGE = 2000
+
+
+def has_open_case(tenant_id: int) -> Q:
+    """For the triage queue: effects with an unresolved case (a confirmed effect whose later
+    receipt disagrees), as a short list of ids read through the case_queue index — so the
+    queue's own partial index still serves the rest of its query."""
+    ids = list(
+        Case.objects.filter(tenant_id=tenant_id, state__in=sorted(choices.UNRESOLVED))
+        .order_by("opened_at")
+        .values_list("effect_id", flat=True)[:OPEN_CASES_IN_TRIAGE]
+    )
+    return Q(pk__in=ids)
+
+
+def failure_fixed() -> Q:
+    """A failed compensation someone fixed by hand (a case closed since it failed)."""
+    return (
+        Q(status=S.COMPENSATION_FAILED)
+        & Q(
+            Exists(
+                Case.objects.filter(
+                    effect=OuterRef("pk"),
+                    state=choices.CaseState.RESOLVED,
+                    resolved_at__gte=OuterRef("status_changed_at"),
+                )
+            )
+        )
+        & ~Q(
+            Exists(Case.objects.filter(effect=OuterRef("pk"), state__in=sorted(choices.UNRESOLVED)))
+        )
+    )

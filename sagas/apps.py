@@ -21,3 +21,7 @@ class SagasConfig(AppConfig):
         # the triage queue, and the run an effect is a step of on its page.
         extensions.add_triage_panel(views.triage_panel)
         extensions.add_effect_panel(views.effect_panel)
+        # The console's search box finds runs by id.
+        extensions.add_search(views.search_hits)
+        # The approvals inbox says when approving a step would not dispatch it (frozen run).
+        extensions.add_dispatch_blocker(views.dispatch_blockers)

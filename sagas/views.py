@@ -42,6 +42,7 @@ from gateway.models import Command, Effect, Principal
 from gateway.templatetags.console import duration_label, since
 from sagas import choices, definitions, selectors, services
 from sagas.api.serializers import receipt_summary
+from sagas.models import SagaTask
 
 S = EffectStatus
 
@@ -53,11 +54,21 @@ SAGA_ALERTS_SHOWN = 10
 
 
 def saga_alerts(principal: Principal) -> tuple[list[Any], bool]:
-    """For the triage queue: the tenant's frozen runs and runs whose compensation failed
-    (which stay frozen), oldest change first; and whether there are more than shown."""
+    """For the triage queue: the tenant's frozen runs, runs paused on a failure, runs waiting
+    for manual compensations and runs whose compensation failed (which stay frozen), oldest
+    change first; and whether there are more than shown."""
     runs = list(
         selectors.sagas_for_principal(principal)
-        .filter(Q(frozen=True) | Q(state=choices.SagaState.COMPENSATION_FAILED))
+        .filter(
+            Q(frozen=True)
+            | Q(
+                state__in=[
+                    choices.SagaState.COMPENSATION_FAILED,
+                    choices.SagaState.PAUSED_FAILED,
+                    choices.SagaState.MANUAL_COMPENSATION,
+                ]
+            )
+        )
         .order_by("updated_at", "id")[: SAGA_ALERTS_SHOWN + 1]
     )
     return runs[:SAGA_ALERTS_SHOWN], len(runs) > SAGA_ALERTS_SHOWN
@@ -405,10 +416,21 @@ def saga_task_done(request: ConsoleRequest, saga_id: str, task_id: str) -> HttpR
 def triage_panel(principal: Principal) -> Panel:
     """Above the triage queue: the runs stopped for a human."""
     alerts, more_alerts = saga_alerts(principal)
+    # The owners' open tasks (manual compensations, pages), counted per run shown.
+    tasks = dict(
+        SagaTask.objects.filter(
+            tenant_id=principal.tenant_id, state=choices.TaskState.OPEN, run__in=alerts
+        )
+        .values_list("run_id")
+        .annotate(n=Count("pk"))
+    )
+    for run in alerts:
+        run.open_tasks = tasks.get(run.pk, 0)
     return Panel(
         {"saga_alerts": alerts, "more_saga_alerts": more_alerts},
         token=[
-            (run.pk, run.state, run.frozen, run.updated_at, since(run.updated_at)) for run in alerts
+            (run.pk, run.state, run.frozen, run.updated_at, since(run.updated_at), run.open_tasks)
+            for run in alerts
         ],
     )
 
@@ -424,3 +446,37 @@ def _effect_saga(principal: Principal, command: Command) -> Any:
     if not command.saga_id:
         return None
     return selectors.sagas_for_principal(principal).filter(pk=command.saga_id).first()
+
+
+def search_hits(principal: Principal, q: str) -> list[Any]:
+    """For the console's search box: the saga run with this id."""
+    from gateway.console.search import Hit
+
+    return [
+        Hit(
+            reverse("console:saga", args=[run.pk]),
+            "saga",
+            f"{run.pk} · {run.definition}",
+            "saga id",
+            run.state,
+        )
+        for run in selectors.sagas_for_principal(principal).filter(pk=q)[:1]
+    ]
+
+
+def dispatch_blockers(principal: Principal, effects: list[Any]) -> dict[str, str]:
+    """For the approvals inbox: effects whose saga run is frozen (approved, they still wait)."""
+    by_saga: dict[str, list[str]] = {}
+    for effect in effects:
+        if effect.command.saga_id:
+            by_saga.setdefault(effect.command.saga_id, []).append(effect.pk)
+    if not by_saga:
+        return {}
+    reasons = {}
+    for run in selectors.sagas_for_principal(principal).filter(pk__in=list(by_saga), frozen=True):
+        why = f"its saga {run.pk} is frozen" + (
+            f" ({run.frozen_reason})" if run.frozen_reason else ""
+        )
+        for effect_id in by_saga[run.pk]:
+            reasons[effect_id] = why
+    return reasons

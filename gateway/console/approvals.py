@@ -13,9 +13,10 @@ from django.views.decorators.http import require_GET
 
 from gateway import selectors, services
 from gateway.choices import APPROVER_ROLES, EffectStatus
+from gateway.console import extensions
 from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled, role_may
 from gateway.contracts import EffectContract, get_contract
-from gateway.models import Effect, Principal
+from gateway.models import Effect, EffectTypeFreeze, Principal
 from gateway.templatetags.console import money, since, until
 
 S = EffectStatus
@@ -33,6 +34,12 @@ class ApprovalCard:
     payload: dict[str, Any]
     mine: bool
     can_decide: bool
+    # Why approving it would not dispatch it now (frozen: the effect, its type, its saga).
+    blocked: str = ""
+    # A deploy promotion: what is live now in that environment (sha, release, when).
+    live: Effect | None = None
+    # Other effects of the tenant with the same digest that already happened.
+    look_alikes: tuple[Effect, ...] = ()
 
 
 def plain_words(effect: Effect, contract: EffectContract | None, payload: dict) -> str:
@@ -64,10 +71,87 @@ def plain_words(effect: Effect, contract: EffectContract | None, payload: dict) 
     return sentence + "."
 
 
-def approval_card(principal: Principal, effect: Effect) -> ApprovalCard:
+PROMOTION = "deployment.release.promote"
+# What "already happened" means for a look-alike.
+HAPPENED = (S.CONFIRMED, S.COMPENSATING, S.COMPENSATED, S.COMPENSATION_FAILED)
+
+
+def blocked_reasons(principal: Principal, effects: list[Effect]) -> dict[str, str]:
+    """Why each effect would not be dispatched right after an approval: frozen itself, its
+    type frozen in the tenant, or (through ``extensions.dispatch_blockers``) its saga."""
+    frozen_types = set(
+        EffectTypeFreeze.objects.filter(
+            tenant_id=principal.tenant_id, type__in={e.type for e in effects}
+        ).values_list("type", flat=True)
+    )
+    reasons: dict[str, str] = {}
+    for blockers in extensions.dispatch_blockers:
+        reasons.update(blockers(principal, effects))
+    for effect in effects:
+        if effect.frozen:
+            reasons[effect.pk] = "the effect is frozen"
+        elif effect.type in frozen_types:
+            reasons[effect.pk] = f"{effect.type} is frozen in this tenant"
+    return reasons
+
+
+def live_promotion(principal: Principal, effect: Effect) -> Effect | None:
+    """For a deploy promotion: the latest promotion of the same service to the same
+    environment that happened (what is live now, as far as the gateway knows)."""
+    if effect.type != PROMOTION:
+        return None
+    command = effect.command
+    return (
+        Effect.objects.filter(
+            tenant_id=principal.tenant_id,
+            type=PROMOTION,
+            status=S.CONFIRMED,
+            command__resource__id=(command.resource or {}).get("id"),
+            command__payload_redacted__environment=(command.payload_redacted or {}).get(
+                "environment"
+            ),
+        )
+        .select_related("command")
+        .order_by("-confirmed_at")
+        .first()
+    )
+
+
+def look_alikes(principal: Principal, effects: list[Effect]) -> dict[str, list[Effect]]:
+    """Effects of the tenant that already happened with the digest of one of ``effects``
+    under another key: the same thing asked twice, perhaps by mistake. One query."""
+    digests = {e.command.payload_digest: e for e in effects}
+    found: dict[str, list[Effect]] = {}
+    for other in (
+        Effect.objects.filter(
+            tenant_id=principal.tenant_id,
+            command__payload_digest__in=list(digests),
+            status__in=HAPPENED,
+        )
+        .exclude(pk__in=[e.pk for e in effects])
+        .select_related("command")
+        .order_by("command")[:100]
+    ):
+        mine = digests[other.command.payload_digest]
+        if other.command.idempotency_key != mine.command.idempotency_key:
+            found.setdefault(mine.pk, []).append(other)
+    return found
+
+
+def approval_card(
+    principal: Principal,
+    effect: Effect,
+    *,
+    blocked: dict[str, str] | None = None,
+    alikes: dict[str, list[Effect]] | None = None,
+) -> ApprovalCard:
     contract = get_contract(effect.type)
     payload = effect.command.payload_redacted
     mine = effect.command.requested_by_id == principal.pk
+    if blocked is None:
+        blocked = blocked_reasons(principal, [effect])
+    if alikes is None:
+        alikes = look_alikes(principal, [effect])
     return ApprovalCard(
         effect=effect,
         contract=contract,
@@ -76,6 +160,9 @@ def approval_card(principal: Principal, effect: Effect) -> ApprovalCard:
         payload=payload,
         mine=mine,
         can_decide=effect.status == S.AWAITING_APPROVAL and role_may(principal, APPROVER_ROLES),
+        blocked=blocked.get(effect.pk, ""),
+        live=live_promotion(principal, effect),
+        look_alikes=tuple(alikes.get(effect.pk, ())),
     )
 
 
@@ -94,7 +181,9 @@ def _approvals_context(request: ConsoleRequest) -> dict[str, Any]:
     page = list(query[: APPROVALS_PAGE_SIZE + 1])
     has_next = len(page) > APPROVALS_PAGE_SIZE
     page = page[:APPROVALS_PAGE_SIZE]
-    cards = [approval_card(principal, effect) for effect in page]
+    blocked = blocked_reasons(principal, page)
+    alikes = look_alikes(principal, page)
+    cards = [approval_card(principal, effect, blocked=blocked, alikes=alikes) for effect in page]
     return {
         "cards": cards,
         "count": summary["count"],

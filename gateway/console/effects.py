@@ -17,14 +17,22 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gateway import selectors, services
-from gateway.choices import APPROVER_ROLES, BEFORE_DISPATCH, OPERATOR_ROLES, TERMINAL, EffectStatus
-from gateway.console import extensions
-from gateway.console.approvals import approval_card
+from gateway.choices import (
+    APPROVER_ROLES,
+    BEFORE_DISPATCH,
+    OPERATOR_ROLES,
+    SETTLED,
+    TERMINAL,
+    EffectStatus,
+)
+from gateway.console import extensions, verdict
+from gateway.console.approvals import approval_card, blocked_reasons
 from gateway.console.base import (
     Action,
     ConsoleRequest,
     badges_oob,
     console_view,
+    is_partial,
     perform,
     poll_token,
     render_polled,
@@ -51,6 +59,8 @@ class FieldRow:
     command: Any = MISSING
     receipt: Any = MISSING
     differs: bool = False
+    # The currency amounts of this row are in (shown in major units), "" for other fields.
+    currency: str = ""
 
     @property
     def command_missing(self) -> bool:
@@ -76,6 +86,7 @@ def comparison(
     """
     hidden = set(hidden)
     result = receipt.result if receipt is not None and isinstance(receipt.result, dict) else {}
+    currency = clear_payload.get("currency") or result.get("currency") or ""
     rows = [
         FieldRow(
             "payload_digest",
@@ -89,10 +100,12 @@ def comparison(
         differs = answered is not MISSING and answered is not None and answered != clear
         if answered is not MISSING and name in hidden:
             answered = services.REDACTED
-        rows.append(FieldRow(f"payload.{name}", shown_payload.get(name), answered, differs))
+        rows.append(
+            FieldRow(f"payload.{name}", shown_payload.get(name), answered, differs, currency)
+        )
     for name, value in result.items():
         if name not in clear_payload:
-            rows.append(FieldRow(f"result.{name}", MISSING, value))
+            rows.append(FieldRow(f"result.{name}", MISSING, value, currency=currency))
     return rows
 
 
@@ -225,7 +238,19 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         duration_label(abs(command.expires_at - now)),
         [panel.token for panel in panels],
     )
+    proof = verdict.evidence(effect, contract, receipt)
+    compensation = _compensation(effect, contract, receipt, now)
     return page | {
+        "verdict": verdict.verdict(
+            effect, contract=contract, receipt=receipt, proof=proof, page=page
+        ),
+        "proof": proof,
+        # The resolve form starts with what the provider knows the effect by: the engineer
+        # adds what they saw there, not ids copied by hand.
+        "resolve_evidence": resolve_evidence(proof),
+        "settled": effect.status in SETTLED,
+        # Said next to the buttons, not only in the Compensation panel further down.
+        "irreversible_warning": irreversible_warning(contract, compensation),
         "effect": effect,
         "command": command,
         "contract": contract,
@@ -244,7 +269,7 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         ),
         "attempts": attempts,
         "events": events,
-        "compensation": _compensation(effect, contract, receipt, now),
+        "compensation": compensation,
         "compensations": compensations,
         "correlation": correlation(command.context),
         "other_context": {
@@ -258,6 +283,26 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         "now": now,
         "view_name": "effect",
     }
+
+
+def resolve_evidence(proof: verdict.Evidence) -> str:
+    parts = [f"{proof.provider} key {proof.provider_key}"]
+    if proof.operation_id:
+        parts.append(f"operation {proof.operation_id}")
+    return ", ".join(parts) + ": "
+
+
+def irreversible_warning(contract: EffectContract | None, compensation: Compensation | None) -> str:
+    if contract is None or compensation is None:
+        return ""
+    if compensation.past_boundary:
+        return (
+            f"The provider reports {compensation.boundary}: past the irreversible boundary, "
+            "it can only be undone by hand."
+        )
+    if contract.irreversible:
+        return "Irreversible: once done, this cannot be undone, only followed by a correction."
+    return ""
 
 
 @dataclass(frozen=True)
@@ -305,6 +350,13 @@ def _approve(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> s
         payload_digest=data["payload_digest"],
         comment=data.get("comment", ""),
     )
+    effect.refresh_from_db()
+    blocked = blocked_reasons(request.principal, [effect]).get(effect.pk)
+    if blocked:
+        return (
+            f"Approved {effect.pk} (digest {data['payload_digest'][:19]}…); it is not "
+            f"dispatched yet: {blocked}, until it is unfrozen."
+        )
     return f"Approved {effect.pk}: digest {data['payload_digest'][:19]}… is queued for dispatch."
 
 
@@ -388,7 +440,7 @@ def effect_action(request: ConsoleRequest, effect_id: str, action: str) -> HttpR
         return html + badges_oob(request)
 
     run = spec.run
-    return perform(
+    response = perform(
         request,
         form=spec.form(request.POST),
         run=lambda data: run(request, effect, data),
@@ -396,3 +448,27 @@ def effect_action(request: ConsoleRequest, effect_id: str, action: str) -> HttpR
         target=target,
         answer=answer,
     )
+    if response.status_code == 409 and is_partial(request) and not from_inbox:
+        # Someone else changed the effect first: redraw it (out of band) with who did what,
+        # so that the engineer decides again on what is there now.
+        fresh = load_effect(request, effect_id)
+        context = _effect_context(request, fresh)
+        context.update(oob=True, changed_by=changed_by(context["events"]))
+        html = render_to_string("gateway/effect_detail.html#effect", context, request=request)
+        response.content = response.content + html.encode()
+    return response
+
+
+def changed_by(events: list[Any]) -> str:
+    """What the latest event of the effect says, as a sentence: who changed what, when."""
+    if not events:
+        return ""
+    last = events[-1]
+    change = (
+        f"{last.from_status} → {last.to_status}"
+        if last.from_status != last.to_status
+        else last.kind.replace("_", " ")
+    )
+    reason = f" ({last.reason})" if last.reason else ""
+    when = timezone.localtime(last.created_at).strftime("%H:%M:%S")
+    return f"Meanwhile {last.actor} changed it at {when}: {change}{reason}."

@@ -7,7 +7,11 @@ An explicit registry (``grep effect_panels`` finds every contributor), filled on
   reconciliation records; the saga run), with what of it the page's poll watches;
 - ``triage_panels``: the same for the triage queue (the sagas stopped for a human);
 - ``effect_actions``: buttons of the effect page served by another app's services
-  (reconcile, resolve, acknowledge), posted to the same ``console:effect-action`` URL.
+  (reconcile, resolve, acknowledge), posted to the same ``console:effect-action`` URL;
+- ``triage_includes`` / ``triage_excludes``: what else needs a human (an effect with an open
+  case) and what no longer does (a failed compensation fixed by hand), as ``Q`` on Effect;
+- ``triage_holders``: who is on each effect of a triage page (one query);
+- ``bulk_actions``: actions on a group of the triage queue served by another app.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from django import forms
+    from django.db.models import Q
 
     from gateway.console.base import ConsoleRequest
     from gateway.models import Effect, Principal
@@ -43,12 +48,36 @@ class EffectAction:
     shown: Callable[[Principal, Effect, dict[str, Any]], bool]
 
 
+@dataclass(frozen=True)
+class BulkAction:
+    """An action on a group of effects of the triage queue: its button label (with the
+    count), the causes it is offered for (empty: every group), and the call, which gets the
+    effect ids of the group (as many as the engineer saw) and the group, and returns what to
+    tell them."""
+
+    label: str
+    causes: frozenset[str]
+    run: Callable[[ConsoleRequest, list[str], Any], str]
+    tone: str = ""
+
+
 EffectPanel = Callable[["Principal", "Effect"], Panel]
 TriagePanel = Callable[["Principal"], Panel]
 
 effect_panels: list[EffectPanel] = []
 triage_panels: list[TriagePanel] = []
 effect_actions: dict[str, EffectAction] = {}
+# ``include(tenant_id)``: evaluated when the queue is read, so that it can be a short list of
+# ids (the queue's partial index then still serves the query, OR-ed with the primary key).
+triage_includes: list[Callable[[int], Q]] = []
+triage_excludes: list[Callable[[], Q]] = []
+triage_holders: list[Callable[[list[str]], dict[str, str]]] = []
+bulk_actions: dict[str, BulkAction] = {}
+# Why an approved effect would still not be dispatched (its saga is frozen): (principal,
+# effects) -> {effect id: reason}, one query for all.
+dispatch_blockers: list[Callable[[Principal, list[Any]], dict[str, str]]] = []
+# What another app finds for the console's search box: (principal, q) -> hits.
+search_hits: list[Callable[[Principal, str], list[Any]]] = []
 
 
 def add_effect_panel(panel: EffectPanel) -> None:
@@ -63,3 +92,31 @@ def add_triage_panel(panel: TriagePanel) -> None:
 
 def add_effect_action(name: str, action: EffectAction) -> None:
     effect_actions[name] = action
+
+
+def add_triage_predicates(
+    *, include: Callable[[int], Q] | None = None, exclude: Callable[[], Q] | None = None
+) -> None:
+    if include is not None and include not in triage_includes:
+        triage_includes.append(include)
+    if exclude is not None and exclude not in triage_excludes:
+        triage_excludes.append(exclude)
+
+
+def add_triage_holders(holders: Callable[[list[str]], dict[str, str]]) -> None:
+    if holders not in triage_holders:
+        triage_holders.append(holders)
+
+
+def add_bulk_action(name: str, action: BulkAction) -> None:
+    bulk_actions[name] = action
+
+
+def add_search(find: Callable[[Principal, str], list[Any]]) -> None:
+    if find not in search_hits:
+        search_hits.append(find)
+
+
+def add_dispatch_blocker(blocker: Callable[[Principal, list[Any]], dict[str, str]]) -> None:
+    if blocker not in dispatch_blockers:
+        dispatch_blockers.append(blocker)

@@ -8,9 +8,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, CharField, Count, IntegerField, Min, Q, QuerySet, Value, When
 
 from gateway.choices import EffectClass, EffectStatus
+from gateway.console import extensions
 from gateway.contracts import CONTRACTS
 from gateway.models import Capability, Effect, EffectTypeFreeze, Principal
 
@@ -26,6 +27,34 @@ AGE_FILTERS = {"10m": timedelta(minutes=10), "1h": timedelta(hours=1), "24h": ti
 
 
 SORTS = {"oldest": "oldest first", "newest": "newest first", "risk": "risk, then oldest"}
+
+
+# Why an effect is in the triage queue, most urgent first (the first that applies): the
+# groups of the queue are (provider, type, cause).
+CAUSES = {
+    "mismatch": "receipt disagrees with the command",
+    "compensation_failed": "compensation failed",
+    "escalated": "escalated to a human",
+    "unknown": "outcome unknown",
+    "overdue": "in progress, overdue",
+    "case": "open case on a settled effect",
+}
+
+
+# Approvals waiting longer than this are listed in the triage queue too.
+APPROVAL_WAIT = timedelta(minutes=15)
+
+
+def _cause() -> Case:
+    return Case(
+        When(mismatch=True, then=Value("mismatch")),
+        When(status=S.COMPENSATION_FAILED, then=Value("compensation_failed")),
+        When(escalated=True, then=Value("escalated")),
+        When(status=S.UNKNOWN, then=Value("unknown")),
+        When(status=S.IN_PROGRESS, then=Value("overdue")),
+        default=Value("case"),
+        output_field=CharField(),
+    )
 
 
 # Lower is riskier: money first, then writes outside our walls, then harmless repeats.
@@ -50,6 +79,8 @@ class TriageFilters:
     owner: str = ""
     age: str = ""
     sort: str = "oldest"
+    provider: str = ""
+    cause: str = ""
     after: str = ""
     # ((key, value), …): ``context.<key>=<value>`` for the keys of CONTEXT_FILTERS.
     context: tuple[tuple[str, str], ...] = ()
@@ -61,18 +92,18 @@ class TriageFilters:
         owner = params.get("owner", "")
         age = params.get("age", "")
         sort = params.get("sort", "oldest")
+        provider = params.get("provider", "")
+        cause = params.get("cause", "")
         return cls(
             status=status if status in S.values else "",
             type=type_ if type_ in CONTRACTS else "",
             owner=owner if owner in owners() else "",
             age=age if age in AGE_FILTERS else "",
             sort=sort if sort in SORTS else "oldest",
+            provider=provider if provider in providers() else "",
+            cause=cause if cause in CAUSES else "",
             after=params.get("after", "")[:80],
-            context=tuple(
-                (key, params[f"context.{key}"][:200])
-                for key in CORRELATION_KEYS
-                if params.get(f"context.{key}")
-            ),
+            context=_context_filters(params),
         )
 
     def querystring(self, **changes: Any) -> str:
@@ -91,11 +122,37 @@ class TriageFilters:
 
     @property
     def active(self) -> bool:
-        return bool(self.status or self.type or self.owner or self.age or self.context)
+        return bool(
+            self.status
+            or self.type
+            or self.owner
+            or self.age
+            or self.context
+            or self.provider
+            or self.cause
+        )
+
+
+def _context_filters(params) -> tuple[tuple[str, str], ...]:
+    """``context.<key>=<value>`` pairs, plus the filter form's own control (``ctx_key`` and
+    ``ctx_value``: a key chosen from a list and a value typed), which becomes one of them."""
+    found = {
+        key: params[f"context.{key}"][:200]
+        for key in CORRELATION_KEYS
+        if params.get(f"context.{key}")
+    }
+    key, value = params.get("ctx_key", ""), (params.get("ctx_value", "") or "").strip()
+    if key in CORRELATION_KEYS and value:
+        found[key] = value[:200]
+    return tuple((key, found[key]) for key in CORRELATION_KEYS if key in found)
 
 
 def owners() -> list[str]:
     return sorted({contract.owner for contract in CONTRACTS.values()})
+
+
+def providers() -> list[str]:
+    return sorted({contract.provider for contract in CONTRACTS.values()})
 
 
 def _risk_rank() -> Case:
@@ -118,7 +175,62 @@ def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effec
         | Q(mismatch=True)
         | Q(escalated=True)
     )
-    return Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
+    # What the other apps add (an open case on a confirmed effect) and take away (a failed
+    # compensation someone fixed by hand).
+    for include in extensions.triage_includes:
+        needs_human |= include(principal.tenant_id)
+    query = Effect.objects.filter(needs_human, tenant_id=principal.tenant_id)
+    for exclude in extensions.triage_excludes:
+        query = query.exclude(exclude())
+    # No join: the provider of a group is its type's contract's (see triage_groups).
+    return query.annotate(cause=_cause())
+
+
+# A group of the triage queue in the database: the type and the cause annotated by
+# effects_for_triage (the provider follows from the type's contract).
+GROUP_FIELDS = ("type", "cause")
+
+
+@dataclass(frozen=True)
+class TriageGroup:
+    """Effects of the queue with the same provider, type and cause, and how many."""
+
+    provider: str
+    type: str
+    cause: str
+    count: int
+    oldest: datetime
+
+    @property
+    def cause_label(self) -> str:
+        return CAUSES.get(self.cause, self.cause)
+
+    def querystring(self) -> str:
+        return urlencode({"provider": self.provider, "type": self.type, "cause": self.cause})
+
+
+def triage_groups(query: QuerySet[Effect]) -> list[TriageGroup]:
+    """The queue grouped by (provider, type, cause), biggest group first: one query."""
+    rows = (
+        query.order_by()
+        .values(*GROUP_FIELDS)
+        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .order_by("-count", "oldest")
+    )
+    groups = []
+    for row in rows:
+        contract = CONTRACTS.get(row["type"])
+        groups.append(TriageGroup(provider=contract.provider if contract else "?", **row))
+    return groups
+
+
+def approvals_waiting(*, principal: Principal, now: datetime) -> int:
+    """Commands of the tenant waiting for an approver for longer than APPROVAL_WAIT."""
+    return Effect.objects.filter(
+        tenant_id=principal.tenant_id,
+        status=S.AWAITING_APPROVAL,
+        created_at__lt=now - APPROVAL_WAIT,
+    ).count()
 
 
 def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: datetime):
@@ -131,6 +243,14 @@ def apply_triage_filters(query: QuerySet[Effect], filters: TriageFilters, now: d
     if filters.age:
         query = query.filter(created_at__lte=now - AGE_FILTERS[filters.age])
     # The filter of gateway.selectors.effects_filtered(context=…), which the API's list uses.
+    if filters.provider:
+        # By the types of that provider's contracts: no join with the commands.
+        query = query.filter(
+            type__in=[c.type for c in CONTRACTS.values() if c.provider == filters.provider]
+        )
+    if filters.cause:
+        # ``cause`` is annotated by effects_for_triage (not a column).
+        query = query.filter(**{"cause": filters.cause})
     for key, value in filters.context:
         query = query.filter(**{f"command__context__{key}": value})
     return query

@@ -15,12 +15,18 @@ from gateway.choices import EffectStatus
 from gateway.console import extensions
 from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled
 from gateway.console.selectors import (
+    APPROVAL_WAIT,
+    CAUSES,
+    CORRELATION_KEYS,
     OVERDUE_AFTER,
     SORTS,
     TriageFilters,
     apply_triage_filters,
+    approvals_waiting,
     effects_for_triage,
     owners,
+    providers,
+    triage_groups,
     triage_keyset,
 )
 from gateway.contracts import CONTRACTS, EffectContract, get_contract
@@ -44,6 +50,8 @@ class TriageRow:
     reasons: list[tuple[str, str]] = field(default_factory=list)
     # "claude-code · refund-bot": the runtime and agent of the command's context, if given.
     correlation: str = ""
+    # Who is on it (the name of the principal who took it), "" when nobody.
+    holder: str = ""
 
 
 def correlation_label(context: Any) -> str:
@@ -66,6 +74,8 @@ def _triage_row(effect: Effect, now: datetime) -> TriageRow:
         reasons.append(("receipt mismatch", "danger"))
     if effect.escalated:
         reasons.append(("escalated", "attention"))
+    if getattr(effect, "cause", "") == "case":
+        reasons.append(("open case", "danger"))
     return TriageRow(
         effect=effect,
         contract=get_contract(effect.type),
@@ -78,12 +88,23 @@ def _triage_row(effect: Effect, now: datetime) -> TriageRow:
     )
 
 
-def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
+def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, Any]:
     principal = request.principal
     now = timezone.now()
-    filters = TriageFilters.parse(request.GET)
-    matching = apply_triage_filters(effects_for_triage(principal=principal, now=now), filters, now)
+    filters = TriageFilters.parse(request.GET if params is None else params)
+    queue = effects_for_triage(principal=principal, now=now)
+    matching = apply_triage_filters(queue, filters, now)
     summary = matching.aggregate(count=Count("pk"), latest=Max("updated_at"))
+    # The whole queue by provider, type and cause (with the filters but the group's own):
+    # what an incident looks like at a glance, and where the bulk actions are.
+    groups = triage_groups(
+        apply_triage_filters(
+            queue,
+            TriageFilters(**{**filters.__dict__, "provider": "", "type": "", "cause": ""}),
+            now,
+        )
+    )
+    waiting_approvals = approvals_waiting(principal=principal, now=now)
     page = list(
         triage_keyset(matching, filters)
         .select_related("command")
@@ -92,6 +113,10 @@ def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
     has_next = len(page) > TRIAGE_PAGE_SIZE
     page = page[:TRIAGE_PAGE_SIZE]
     rows = [_triage_row(effect, now) for effect in page]
+    for holders in extensions.triage_holders:
+        held = holders([row.effect.pk for row in rows])
+        for row in rows:
+            row.holder = held.get(row.effect.pk, row.holder)
     next_query = ""
     if has_next:
         last = page[-1]
@@ -108,6 +133,9 @@ def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
         [(r.effect.pk, r.effect.updated_at, r.age, r.in_status, r.overdue) for r in rows],
         has_next,
         [panel.token for panel in panels],
+        [(g.provider, g.type, g.cause, g.count) for g in groups],
+        waiting_approvals,
+        [r.holder for r in rows],
     )
     context: dict[str, Any] = {
         "filters": filters,
@@ -115,6 +143,9 @@ def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
             (key, value, filters.without_context(key)) for key, value in filters.context
         ],
         "rows": rows,
+        "groups": bulk_menu(request, groups),
+        "waiting_approvals": waiting_approvals,
+        "approval_wait": duration_label(APPROVAL_WAIT),
         "count": summary["count"],
         "next_query": next_query,
         "first_query": filters.querystring(after=""),
@@ -128,6 +159,9 @@ def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
             ("24h", "older than 1 day"),
         ],
         "sorts": SORTS,
+        "providers": providers(),
+        "correlation_keys": CORRELATION_KEYS,
+        "causes": list(CAUSES.items()),
         "sort_label": SORTS[filters.sort],
         "now": now,
         "view_name": "triage",
@@ -135,6 +169,13 @@ def _triage_context(request: ConsoleRequest) -> dict[str, Any]:
     for panel in panels:
         context.update(panel.context)
     return context
+
+
+def bulk_menu(request: ConsoleRequest, groups: list[Any]) -> list[dict[str, Any]]:
+    """Each group with the bulk actions this principal may take on it."""
+    from gateway.console.bulk import available_bulk_actions
+
+    return [{"group": g, "actions": available_bulk_actions(request.principal, g)} for g in groups]
 
 
 @require_GET

@@ -104,6 +104,26 @@ def show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+@register.simple_tag
+def field_value(name: str, value: Any, currency: Any = "") -> str:
+    """A payload or result field as an operator reads it; an ``amount`` (or ``*_amount``) in
+    minor units, with a currency, in major units: ``49.99 EUR`` (the stored 4999 beside it)."""
+    if (
+        isinstance(name, str)
+        and name.rsplit(".", 1)[-1].endswith("amount")
+        and isinstance(currency, str)
+        and currency
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+    ):
+        return format_html(
+            '{} <span class="muted small">({} in minor units)</span>',
+            money({"amount": value, "currency": currency}),
+            value,
+        )
+    return show(value)
+
+
 @register.filter
 def pretty(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)

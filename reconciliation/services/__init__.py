@@ -10,7 +10,8 @@ original key, so that even a wrong "not found" cannot make a second operation.
 
 The package's modules, each one room of it: ``core`` (actors, the transaction shape, the
 mismatch hook), ``cases`` (the human queue), ``leases`` (lease recovery), ``reconciler`` (the
-lookups), ``resolution`` (operators' resolutions), ``receipts`` (webhooks). Every name is
+lookups), ``resolution`` (operators' resolutions), ``closing`` (closing a case, recording a manual
+fix), ``receipts`` (webhooks). Every name is
 re-exported here: callers import ``reconciliation.services`` as before.
 """
 
@@ -19,6 +20,8 @@ from gateway.providers.base import LookupResult as LookupResult
 from reconciliation.services.cases import case_acknowledge as case_acknowledge
 from reconciliation.services.cases import case_open as case_open
 from reconciliation.services.cases import cases_open_for_flagged as cases_open_for_flagged
+from reconciliation.services.closing import case_close as case_close
+from reconciliation.services.closing import effect_record_fix as effect_record_fix
 from reconciliation.services.core import LEASE_RECOVERY as LEASE_RECOVERY
 from reconciliation.services.core import POISON_DELAY as POISON_DELAY
 from reconciliation.services.core import RECONCILER as RECONCILER

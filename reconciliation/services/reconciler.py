@@ -230,6 +230,11 @@ def effect_reconcile(
     verdict = _judge(read, contract, lookup_by, lookup, timezone.now())
     record = _apply(read, verdict, lookup_by=lookup_by, lookup=lookup, actor=actor, who=principal)
     LOOKUPS.labels(outcome=record.outcome).inc()
+    if lookup.status != ProviderLookupStatus.UNREACHABLE:
+        # The provider answers again: what was escalated while it did not is looked up again.
+        from reconciliation.bulk import effects_rearm_for_provider
+
+        effects_rearm_for_provider(provider=contract.provider)
     return record
 
 
@@ -403,6 +408,9 @@ def reconcile_due(*, time_budget: float | None = None, batch_size: int = 50) -> 
     deadline = time.monotonic() + budget
     work = effects_recover_expired_leases()
     work += cases_open_for_flagged()
+    from reconciliation.bulk import effects_probe_escalated
+
+    work += effects_probe_escalated()
     while time.monotonic() < deadline:
         claimed = reconcile_next_batch(limit=batch_size, deadline=deadline)
         work += claimed

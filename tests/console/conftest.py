@@ -250,3 +250,64 @@ def add_orphan(tenant: Tenant | None, operation: str, **fields: Any):
         **fields,
     }
     return OrphanReceipt.objects.create(delivery=delivery, tenant=tenant, **values)
+
+
+def add_failed_lookups(effect: Effect, count: int = 8, *, first_minutes_ago: int = 30):
+    """``count`` lookups that got no answer from the provider, a minute apart, the way the
+    reconciler records them (reconciliation.services._apply)."""
+    from reconciliation.models import ReconciliationRecord
+
+    start = timezone.now() - timedelta(minutes=first_minutes_ago)
+    return [
+        ReconciliationRecord.objects.create(
+            tenant_id=effect.tenant_id,
+            effect=effect,
+            kind="lookup",
+            lookup_by="idempotency_key",
+            lookup_status="unreachable",
+            effect_status=effect.status,
+            outcome="inconclusive" if number < count else "escalated",
+            check_number=number,
+            actor="reconciler",
+            evidence=f"lookup by idempotency_key failed (connection refused); check {number}",
+            created_at=start + timedelta(minutes=number),
+        )
+        for number in range(1, count + 1)
+    ]
+
+
+def captured_at_provider(sandbox, effect: Effect) -> dict:
+    """The operation the provider made for ``effect`` (the gateway's request got lost on the
+    way back): created at the sandbox under the key the gateway sends."""
+    import json
+
+    command = effect.command
+    body = {
+        "type": command.type,
+        "resource": command.resource,
+        "payload": services.command_payload(command),
+        "payload_digest": command.payload_digest,
+    }
+    reply = sandbox.handle_create(
+        provider=command.provider,
+        idempotency_key=command.provider_key,
+        body=json.dumps(body).encode(),
+    )
+    assert reply.status in (200, 201, 202), reply.body
+    return reply.body
+
+
+def escalated_unknown(principal: Principal, body: dict = REFUND, **changes: Any) -> Effect:
+    """An UNKNOWN effect whose lookups were used up while the provider did not answer: what a
+    provider outage leaves (escalated, a lookup_budget_exhausted case, 8 failed lookups)."""
+    effect = set_state(
+        submit(principal, body, **changes),
+        status="UNKNOWN",
+        escalated=True,
+        attempt_count=1,
+        check_count=8,
+        next_check_at=None,
+    )
+    add_failed_lookups(effect, 8)
+    open_case(effect, reason="lookup_budget_exhausted", text="8 inconclusive lookups")
+    return effect

@@ -37,10 +37,21 @@ def test_the_ledgers_hooks_are_filled_after_django_setup():
 def test_the_console_extensions_are_filled_after_django_setup():
     assert extensions.effect_panels == [
         reconciliation_views.effect_panel,
+        reconciliation_views.effect_holder_panel,
         sagas_views.effect_panel,
     ]
     assert extensions.triage_panels == [sagas_views.triage_panel]
-    assert set(extensions.effect_actions) == {"reconcile", "resolve", "acknowledge"}
+    assert set(extensions.effect_actions) == {
+        "reconcile",
+        "resolve",
+        "acknowledge",
+        "take",
+        "release",
+        "close-case",
+        "record-fix",
+    }
+    assert set(extensions.bulk_actions) == {"reconcile", "rearm", "take"}
+    assert extensions.search_hits == [sagas_views.search_hits]
 
 
 def test_registering_a_listener_twice_keeps_one():
