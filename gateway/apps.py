@@ -10,7 +10,7 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         # Make our Celery app the current one in every process that loads Django (web nodes
         # send tasks with shared_task.delay, which uses the current app's broker).
-        from gateway import capabilities, hooks
+        from gateway import capabilities, checks, hooks, lockout  # noqa: F401  (checks, lockout: receivers)
         from gateway.celery import app  # noqa: F401
         from gateway.tasks import dispatch_effect
 

@@ -31,6 +31,24 @@ def _matches(capability: Capability, effect_type: str, resource: dict[str, Any])
     )
 
 
+def _money(payload: dict[str, Any]) -> tuple[int, str]:
+    """The amount (integer minor units) and currency the budget must count — exactly the
+    values sent. A float or bool amount is refused, never counted as 0: that is how 9000.0
+    once slipped past a budget (the payload schema refuses it first; this is the last line)."""
+    amount = payload.get("amount", 0)
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+        raise ValidationProblem(
+            "amount must be a non-negative whole number of minor units (cents).",
+            errors={"payload.amount": ["must be an integer number of minor units"]},
+        )
+    currency = payload.get("currency", "")
+    if not isinstance(currency, str):
+        raise ValidationProblem(
+            "currency must be an ISO 4217 code.", errors={"payload.currency": ["must be a string"]}
+        )
+    return amount, currency
+
+
 def _live(now) -> Q:
     return Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
 
@@ -65,9 +83,7 @@ def capability_reserve(
     if principal.role != Role.AGENT:
         return None, 0
     now = timezone.now()
-    given = payload.get("amount")
-    amount: int = given if isinstance(given, int) else 0
-    currency = payload.get("currency", "")
+    amount, currency = _money(payload)
     candidates = [
         cap
         for cap in Capability.objects.filter(_live(now), principal=principal).order_by("created_at")
@@ -84,7 +100,17 @@ def capability_reserve(
             # grant's row (measured: the largest lock wait under load). A revocation racing
             # this submission is caught again at dispatch.
             return cap, 0
-        if amount and cap.budget_amount is not None and cap.budget_currency not in ("", currency):
+        moves_money = "amount" in payload or "currency" in payload
+        if (
+            moves_money
+            and cap.budget_amount is not None
+            and cap.budget_currency
+            not in (
+                "",
+                currency,
+            )
+        ):
+            # A grant in one currency covers no other, whatever the amount looks like.
             continue
         # Compare-and-set on the budget against concurrent submissions under this grant.
         budget = Q(budget_count__isnull=True) | Q(spent_count__lt=F("budget_count"))

@@ -110,6 +110,7 @@ class AttemptState(models.TextChoices):
     SENDING = "sending"
     FINISHED = "finished"
     STALE = "stale"  # the worker lost its claim; its result was refused
+    ABANDONED = "abandoned"  # its worker died or stalled before answering (lease recovery)
 
 
 class ApprovalState(models.TextChoices):

@@ -233,6 +233,7 @@ def submit(
     redacted: dict,
     capability: Capability | None,
     now,
+    effect_id: str | None = None,
 ) -> Written | None:
     """Insert command + effect + event, or find the key's existing effect: one statement.
 
@@ -241,7 +242,8 @@ def submit(
     """
     needs_approval = contract.requires_approval(payload)
     status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
-    effect_id = new_effect_id()
+    # The caller names the id when the payload is sealed bound to it (gateway.integrity).
+    effect_id = effect_id or new_effect_id()
     expires_at = now + timedelta(seconds=expires_in or 3600)
     next_dispatch = (
         None if needs_approval else now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
@@ -350,6 +352,9 @@ WITH old AS (
        AND NOT p.frozen
        AND c.saga_id = ''
        AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
+       -- the approval names this command's digest; anything else: the general path refuses
+       AND (NOT c.approval_required OR (e.approval_state = 'approved'
+                                        AND e.approved_digest = c.payload_digest))
        AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                         WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
        AND (c.capability_id IS NULL OR EXISTS (
@@ -455,10 +460,10 @@ WITH recorded AS (
 ), receipt AS (
     INSERT INTO gateway_receipt (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
-        payload_digest, digest_matches, result, result_digest, received_at)
+        payload_digest, digest_matches, result, result_digest, received_at, seal)
     SELECT effect_id, %(attempt)s, 'dispatch', provider, %(op_id)s, %(op_status)s,
            %(op_digest)s, %(op_digest)s = command_digest, %(op_result)s::jsonb,
-           %(result_digest)s, %(now)s
+           %(result_digest)s, %(now)s, %(seal)s
       FROM recorded WHERE %(op_id)s IS NOT NULL
 )
 SELECT count(*) FROM recorded
@@ -504,6 +509,29 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "op_result": _json(operation.result if operation else {}),
         "result_digest": sha256_digest(operation.result) if operation else None,
     }
+    params["seal"] = _receipt_seal(claim, params) if operation else ""
     with connection.cursor() as cursor:
         cursor.execute(_RECORD, params)
         return cursor.fetchone()[0] == 1
+
+
+def _receipt_seal(claim: FastClaim, params: dict[str, Any]) -> str:
+    """The seal the general path gives a receipt (gateway.checkpoints), over the same fields
+    the statement above writes."""
+    from gateway.checkpoints import receipt_seal
+    from gateway.contracts import get_contract
+
+    contract = get_contract(claim.type)
+    receipt = Receipt(
+        effect_id=claim.effect_id,
+        attempt_id=claim.attempt_id,
+        source=Receipt.Source.DISPATCH,
+        provider=contract.provider if contract else "",
+        provider_operation_id=params["op_id"],
+        provider_status=params["op_status"],
+        payload_digest=params["op_digest"],
+        digest_matches=params["op_digest"] == claim.payload_digest,
+        result_digest=params["result_digest"],
+        received_at=params["now"],
+    )
+    return receipt_seal(receipt)

@@ -80,6 +80,12 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # None: never expires (people's tokens by default; agents get GATEWAY_AGENT_TOKEN_TTL).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # The token this one replaced (rotation), for the audit trail.
+    rotated_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.principal})"
@@ -354,6 +360,12 @@ class Attempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["effect", "number"], name="attempt_unique_number"),
         ]
+        indexes = [
+            # Recovery's pass over attempts left "sending" (gateway.recovery): few rows.
+            models.Index(
+                fields=["started_at"], name="attempt_sending", condition=Q(state="sending")
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.effect_id} #{self.number}"
@@ -383,6 +395,9 @@ class Receipt(models.Model):
     result = models.JSONField(default=dict, blank=True)
     result_digest = models.CharField(max_length=71)
     received_at = models.DateTimeField()
+    # HMAC of the fields above under a key the database does not hold (gateway.checkpoints):
+    # an edited receipt no longer matches it. Blank for receipts written before sealing.
+    seal = models.CharField(max_length=64, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["effect", "-received_at"])]

@@ -17,12 +17,13 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from gateway import audit, capabilities, fastpath, hooks, ledger
@@ -47,13 +48,22 @@ from gateway.errors import (
     NotPermitted,
     ValidationProblem,
 )
+from gateway.integrity import (
+    effect_refuse_tampered,
+    effect_refuse_tampered_claim,
+    open_command_payload,
+    payload_binding,
+    verified_claimed_payload,
+    verified_payload,
+)
 from gateway.ledger import MAX_KEY_LENGTH as MAX_KEY_LENGTH
 from gateway.ledger import REDACTED as REDACTED
 from gateway.ledger import redact as redact
+from gateway.lib import jsonin
 from gateway.lib.digest import payload_digest
 from gateway.lib.failpoints import failpoint
-from gateway.lib.vault import open_json, seal_json
-from gateway.models import Attempt, Command, Effect, Principal, Receipt
+from gateway.lib.vault import seal_bound
+from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
 
@@ -110,7 +120,7 @@ def _validate_submission(
     if not isinstance(payload, dict):
         errors["payload"] = ["must be an object"]
     elif contract:
-        validator = jsonschema.Draft202012Validator(contract.payload_schema)
+        validator = jsonin.payload_validator(contract.payload_schema)
         for error in sorted(validator.iter_errors(payload), key=lambda e: list(e.path)):
             path = ".".join(str(part) for part in error.path)
             errors.setdefault(f"payload.{path}" if path else "payload", []).append(error.message)
@@ -184,6 +194,7 @@ def command_submit(
         return Submission(existing, created=False)
 
     now = timezone.now()
+    effect_id = new_effect_id()
     needs_approval = contract.requires_approval(payload)
     status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     try:
@@ -192,6 +203,7 @@ def command_submit(
                 principal=principal, contract=contract, resource=resource, payload=payload
             )
             command = Command.objects.create(
+                effect_id=effect_id,
                 tenant_id=principal.tenant_id,
                 type=contract.type,
                 provider=contract.provider,
@@ -202,7 +214,10 @@ def command_submit(
                 resource_type=resource["type"],
                 resource_id=resource["id"],
                 resource_version=resource.get("version"),
-                payload_sealed=seal_json(payload),
+                # Bound to this command: a ciphertext copied from another row won't open.
+                payload_sealed=seal_bound(
+                    payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
+                ),
                 payload_redacted=redact(payload, contract),
                 intent=intent or {},
                 context=context or {},
@@ -273,7 +288,9 @@ def _submit_fast(principal, contract, key, digest, resource, payload, intent, co
         capability = fastpath.unlimited_grant(principal, contract, resource, now)
         if capability is None:
             return None  # no grant (the general path says why) or a budget to reserve
+    effect_id = new_effect_id()
     written = fastpath.submit(
+        effect_id=effect_id,
         principal=principal,
         contract=contract,
         idempotency_key=key,
@@ -283,7 +300,8 @@ def _submit_fast(principal, contract, key, digest, resource, payload, intent, co
         intent=intent,
         context=context,
         expires_in=expires_in,
-        sealed=seal_json(payload),
+        # Bound to this command: a ciphertext copied from another row won't open.
+        sealed=seal_bound(payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)),
         redacted=redact(payload, contract),
         capability=capability,
         now=now,
@@ -321,7 +339,7 @@ def _existing_command(principal: Principal, key: str, digest: str) -> Effect | N
 
 def command_payload(command: Command) -> dict[str, Any]:
     """The clear payload (for the dispatcher and for roles allowed to see it)."""
-    return open_json(command.payload_sealed)
+    return open_command_payload(command)
 
 
 # --- human actions ----------------------------------------------------------------------------
@@ -515,6 +533,8 @@ class Claim:
     fence: int
     attempt_id: int
     attempt_number: int
+    # What the claim verified against the digests (gateway.integrity): exactly this is sent.
+    payload: dict[str, Any] | None = None
 
 
 def effect_expire(*, effect: Effect, actor: str) -> bool:
@@ -574,6 +594,10 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
                 next_dispatch_at=None,
             )
             return None
+        payload, problem = verified_payload(effect)
+        if problem:
+            effect_refuse_tampered(effect=effect, problem=problem, actor=f"worker:{worker}")
+            return None
         contract = get_contract(effect.type)
         budget = contract.recovery.max_dispatch_attempts if contract else 1
         if effect.attempt_count >= budget:
@@ -615,7 +639,13 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             state=AttemptState.SENDING,
             started_at=now,
         )
-    return Claim(effect_id=effect_id, fence=fence, attempt_id=attempt.pk, attempt_number=number)
+    return Claim(
+        effect_id=effect_id,
+        fence=fence,
+        attempt_id=attempt.pk,
+        attempt_number=number,
+        payload=payload,
+    )
 
 
 def outcome_fields(effect: Effect, result: CallResult, *, now) -> dict[str, Any]:
@@ -711,14 +741,16 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
     return effect
 
 
-def execute_request(effect: Effect, *, timeout: float | None = None) -> ExecuteRequest:
+def execute_request(
+    effect: Effect, *, timeout: float | None = None, payload: dict[str, Any] | None = None
+) -> ExecuteRequest:
     command = effect.command
     return ExecuteRequest(
         effect_id=effect.pk,
         type=command.type,
         idempotency_key=command.provider_key,
         resource=command.resource,
-        payload=command_payload(command),
+        payload=payload if payload is not None else command_payload(command),
         payload_digest=command.payload_digest,
         timeout=timeout or settings.GATEWAY_PROVIDER_TIMEOUT,
     )
@@ -739,7 +771,7 @@ def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
     contract = get_contract(effect.type)
     assert contract is not None, f"no contract for {effect.type}"
     adapter = adapter_for(contract)
-    request = execute_request(effect)
+    request = execute_request(effect, payload=claim.payload)
     started = timezone.now()
     result = adapter.execute(request)
     if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
@@ -760,6 +792,22 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if claim is None:
         return None
     logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    payload, problem = verified_claimed_payload(
+        effect_id=effect_id,
+        sealed=claim.payload_sealed,
+        type=claim.type,
+        resource=claim.resource,
+        digest=claim.payload_digest,
+    )
+    if payload is None:
+        effect_refuse_tampered_claim(
+            effect_id=effect_id,
+            fence=claim.fence,
+            attempt_id=claim.attempt_id,
+            problem=problem,
+            actor=f"worker:{worker}",
+        )
+        return True
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     contract = get_contract(claim.type)
     assert contract is not None, f"no contract for {claim.type}"
@@ -769,7 +817,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         type=claim.type,
         idempotency_key=claim.provider_key,
         resource=claim.resource,
-        payload=open_json(claim.payload_sealed),
+        payload=payload,
         payload_digest=claim.payload_digest,
         timeout=settings.GATEWAY_PROVIDER_TIMEOUT,
     )
@@ -834,6 +882,24 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
 
 
+def redeliver_at(now: datetime) -> Any:
+    """When the sweeper may send an overdue effect's message again (an SQL expression on the
+    row): after as long as the effect has waited so far, at least GATEWAY_REDELIVER_AFTER and
+    at most GATEWAY_REDELIVER_MAX.
+
+    The first message is most likely waiting behind a backlog, not lost: a fixed interval
+    re-sent every waiting effect every 30 s (300 effects queued → 1983 messages, 1620 of them
+    no-ops that lengthened the very backlog). Doubling the wait bounds the copies per effect
+    by log2(backlog / interval) and still resends a truly lost message within the cap.
+    """
+    waited = ExpressionWrapper(Value(now) - F("status_changed_at"), output_field=DurationField())
+    wait = Least(
+        Greatest(Value(timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)), waited),
+        Value(timedelta(seconds=settings.GATEWAY_REDELIVER_MAX)),
+    )
+    return ExpressionWrapper(Value(now) + wait, output_field=DateTimeField())
+
+
 def dispatch_sweep(*, limit: int = 500) -> int:
     """Re-enqueue PREPARED/NOT_STARTED effects whose task has gone quiet, and expire the ones
     whose command ran out. The broker can lose a message; the ledger cannot."""
@@ -851,8 +917,7 @@ def dispatch_sweep(*, limit: int = 500) -> int:
     # refuse them every sweep is noise.
     for hold in hooks.dispatch_holds:
         waiting = hold.exclude(waiting)
-    later = now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
-    # One batch: the due rows locked and pushed to ``later`` in two statements, however many.
+    # One batch: the due rows locked and pushed back in two statements, however many.
     # SKIP LOCKED against a second sweeper (two beats, a misconfiguration) and against a
     # worker claiming one of them right now; even a double enqueue sends once (the claim).
     with transaction.atomic():
@@ -862,7 +927,7 @@ def dispatch_sweep(*, limit: int = 500) -> int:
             .values_list("pk", flat=True)[:limit]
         )
         if due:
-            Effect.objects.filter(pk__in=due).update(next_dispatch_at=later)
+            Effect.objects.filter(pk__in=due).update(next_dispatch_at=redeliver_at(now))
     for effect_id in due:
         ledger.publish(hooks.dispatch_sender.send, effect_id)
     return len(due) + expired

@@ -92,8 +92,12 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads the request: NUL, bad charsets, chunked bodies are a 4xx.
+    "gateway.input_guard.InputGuardMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # Locked logins are 429 before any password is checked (gateway.lockout).
+    "gateway.lockout.LoginLockoutMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -216,7 +220,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["gateway.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "gateway.api.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["gateway.api.auth.TokenRateThrottle"],
@@ -255,6 +259,18 @@ if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
+# Recovery (lease recovery, reconciliation, the dispatch sweeper) has a queue of its own, so it
+# never waits behind a dispatch backlog; every worker consumes it (gateway.celery).
+GATEWAY_RECOVERY_QUEUE = env_str("GATEWAY_RECOVERY_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}.recovery")
+CELERY_TASK_ROUTES = {
+    name: {"queue": GATEWAY_RECOVERY_QUEUE}
+    for name in (
+        "reconciliation.tasks.reconcile_due",
+        "reconciliation.tasks.recover_leases",
+        "reconciliation.tasks.reconcile_effect",
+        "gateway.tasks.sweep_dispatch",
+    )
+}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 # Celery's Django fixup closes the database connection around every task unless this is set:
@@ -310,6 +326,8 @@ GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)
 # How long a PREPARED/NOT_STARTED effect may wait for its task before the sweeper enqueues
 # it again (the broker may have lost the message), and how often the sweeper looks.
 GATEWAY_REDELIVER_AFTER = env_number("GATEWAY_REDELIVER_AFTER", 30)
+# The longest the sweeper waits before re-sending an overdue effect's message (it backs off).
+GATEWAY_REDELIVER_MAX = env_number("GATEWAY_REDELIVER_MAX", 300)
 GATEWAY_SWEEP_INTERVAL = env_number("GATEWAY_SWEEP_INTERVAL", 5)
 # Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
 GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
@@ -317,6 +335,14 @@ GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
 # First wait before an UNKNOWN / IN_PROGRESS effect is looked up; doubles per lookup.
 GATEWAY_RECONCILE_BACKOFF = env_number("GATEWAY_RECONCILE_BACKOFF", 5)
 GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
+# Tokens and logins (gateway.tokens, gateway.lockout, gateway.metrics_access).
+GATEWAY_AGENT_TOKEN_TTL = env_int("GATEWAY_AGENT_TOKEN_TTL", 90 * 24 * 3600)
+GATEWAY_LOGIN_MAX_FAILURES = env_int("GATEWAY_LOGIN_MAX_FAILURES", 5)
+GATEWAY_LOGIN_LOCKOUT = env_int("GATEWAY_LOGIN_LOCKOUT", 15 * 60)
+GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN", "")
+# Long polls (gateway.api.waits): below the web process's threads, so some stay free.
+GATEWAY_MAX_WAITS_PER_TOKEN = env_int("GATEWAY_MAX_WAITS_PER_TOKEN", 4)
+GATEWAY_MAX_WAITS_PER_PROCESS = env_int("GATEWAY_MAX_WAITS_PER_PROCESS", 4)
 # An approval is good for one command, for this long: dispatched later, it is asked again.
 GATEWAY_APPROVAL_TTL = env_number("GATEWAY_APPROVAL_TTL", 3600)
 GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")
@@ -334,6 +360,14 @@ GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 # How long an active saga may go without news before the sweeper advances it again.
 GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
 
+# Signed checkpoints of the audit chains (gateway.checkpoints): a key the database never
+# holds (32 bytes, base64; generated under var/ in development) and an append-only place.
+GATEWAY_AUDIT_SIGNING_KEY = env_str("GATEWAY_AUDIT_SIGNING_KEY", "")
+if PRODUCTION and not GATEWAY_AUDIT_SIGNING_KEY:
+    # Refused at start, not at the first receipt: every receipt is sealed with it.
+    raise ImproperlyConfigured("GATEWAY_AUDIT_SIGNING_KEY must be set in production")
+GATEWAY_CHECKPOINT_DIR = env_str("GATEWAY_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
+GATEWAY_CHECKPOINT_INTERVAL = env_number("GATEWAY_CHECKPOINT_INTERVAL", 300)
 # The audit sequencer: how often it seals committed events into the chain, how many per
 # transaction, and into how many tenant shards the work is split (one beat entry each).
 GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 0.5)
@@ -344,6 +378,10 @@ GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
 GATEWAY_AUDIT_QUEUE = env_str("GATEWAY_AUDIT_QUEUE", "")
 
 CELERY_BEAT_SCHEDULE = {
+    "recover-leases": {
+        "task": "reconciliation.tasks.recover_leases",
+        "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),
+    },
     "sweep-dispatch": {
         "task": "gateway.tasks.sweep_dispatch",
         "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),
@@ -359,6 +397,10 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-webhooks": {
         "task": "gateway.webhooks.tasks.sweep_webhooks",
         "schedule": timedelta(seconds=GATEWAY_WEBHOOK_SWEEP_INTERVAL),
+    },
+    "audit-checkpoints": {
+        "task": "gateway.tasks.write_audit_checkpoints",
+        "schedule": timedelta(seconds=GATEWAY_CHECKPOINT_INTERVAL),
     },
     **{
         f"seal-audit-{shard}": {

@@ -16,6 +16,13 @@ def sweep_dispatch() -> int:
     return services.dispatch_sweep()
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def write_audit_checkpoints() -> int:
+    from gateway.checkpoints import checkpoints_write_all
+
+    return checkpoints_write_all()
+
+
 @shared_task(ignore_result=True)
 def seal_audit(shard: int = 0, shards: int = 1) -> int:
     return audit.seal_pending(shard=shard, shards=shards)

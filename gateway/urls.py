@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from gateway import health
 from gateway.api_root import api_root
 from gateway.console import urls as console_urls
+from gateway.metrics_access import metrics_guard
 from reconciliation import urls as reconciliation_urls
 from sagas import urls as sagas_urls
 
@@ -40,7 +41,7 @@ urlpatterns = [
     ),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("metrics", health.metrics, name="metrics"),
+    path("metrics", metrics_guard(health.metrics), name="metrics"),
     path("admin/", admin.site.urls),
     path("", include(reconciliation_urls)),
     path("", include((console, "console"))),

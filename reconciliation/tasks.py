@@ -16,3 +16,12 @@ def reconcile_due() -> int:
 def reconcile_effect(effect_id: str) -> bool:
     """Look one effect up now (e.g. after an operator's request from the console)."""
     return services.effect_reconcile(effect_id=effect_id) is not None
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def recover_leases() -> int:
+    """Beat, every GATEWAY_SWEEP_INTERVAL, on the recovery queue: expired claims become
+    UNKNOWN and attempts their workers left "sending" are closed."""
+    from gateway.recovery import attempts_close_abandoned
+
+    return services.effects_recover_expired_leases() + attempts_close_abandoned()

@@ -12,7 +12,6 @@ under the ``console:`` namespace by ``gateway.urls``.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +47,7 @@ from gateway.console.extensions import BulkAction, EffectAction, Panel
 from gateway.console.forms import NoteForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import owners
 from gateway.errors import NotFound, NotPermitted
+from gateway.lib import jsonin
 from gateway.models import Effect, Principal
 from gateway.providers.base import ProviderOperation
 from gateway.templatetags.console import duration_label, money
@@ -86,9 +86,9 @@ def _text(value: Any, limit: int, *, required: bool = True) -> str | None:
 def parse_receipt(provider: str, body: bytes, signed_at: int):
     """The receipt of a verified body, or the field errors that make it none."""
     try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None, {"body": ["must be a UTF-8 JSON object"]}
+        data = jsonin.loads(body)
+    except jsonin.JsonInputError as exc:
+        return None, {exc.where: [f"must be a UTF-8 JSON object: {exc}"]}
     if not isinstance(data, dict):
         return None, {"body": ["must be a JSON object"]}
     errors: dict[str, list[str]] = {}

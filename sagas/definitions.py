@@ -21,6 +21,7 @@ from typing import Any
 import jsonschema
 
 from gateway.contracts import EffectContract, get_contract
+from gateway.lib import jsonin
 from sagas.choices import FailureAction, Trigger
 
 # --- what a step can read -------------------------------------------------------------------
@@ -193,7 +194,7 @@ class SagaDefinition:
     _validator: jsonschema.Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.inputs_schema))
+        object.__setattr__(self, "_validator", jsonin.payload_validator(self.inputs_schema))
 
     def step(self, name: str) -> Step:
         for step in self.steps:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from gateway.agent_hooks import patterns
 from gateway.models import Tenant
 
 MAX_REGEX_LENGTH = 500
@@ -16,9 +15,11 @@ def validate_regex(value: str) -> None:
     if len(value) > MAX_REGEX_LENGTH:
         raise ValidationError(f"at most {MAX_REGEX_LENGTH} characters")
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValidationError(f"not a regular expression: {exc}") from None
+        patterns.compiled(value)
+    except patterns.PatternError as exc:
+        raise ValidationError(
+            f"not a pattern the gateway runs (RE2 syntax: no back-references or look-around): {exc}"
+        ) from None
 
 
 class GovernedPattern(models.Model):
@@ -46,3 +47,32 @@ class GovernedPattern(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.name}"
+
+
+class ToolCallOutcome(models.Model):
+    """What one Claude Code tool call came to (PostToolUse): for a gateway tool, the effect
+    it names and that effect's status in the ledger when the hook ran."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    principal = models.ForeignKey("gateway.Principal", on_delete=models.CASCADE, related_name="+")
+    session_id = models.CharField(max_length=200, blank=True)
+    tool_use_id = models.CharField(max_length=200, blank=True)
+    tool_name = models.CharField(max_length=200)
+    effect_id = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=32, blank=True)
+    failed = models.BooleanField(default=False)
+    detail = models.TextField(blank=True)
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # A redelivered hook call records nothing new.
+            models.UniqueConstraint(
+                fields=["tenant", "tool_use_id"],
+                condition=~models.Q(tool_use_id=""),
+                name="tool_call_outcome_once",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name}:{self.tool_use_id}"

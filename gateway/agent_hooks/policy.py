@@ -16,22 +16,38 @@ Pure functions over plain data; the view does the I/O (auth, tenant patterns, li
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from effect_gateway_client.models import tool_name
 
+from gateway.agent_hooks import patterns, shell
 from gateway.contracts import CONTRACTS, EffectContract
 
 MCP_SERVER = "effect-gateway"
-MAX_SUBJECT = 100_000
+# A command is a line or two; a hook input beyond this is not matched at all (the view asks a
+# human instead). With the tokeniser below the work is linear anyway; the cap bounds it.
+MAX_SUBJECT = 8 * 1024
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call as the rules see it: the Bash command read by gateway.agent_hooks.shell,
+    the fetched URL's host, and the text tenant patterns are searched in."""
+
+    tool: str
+    commands: tuple[shell.SimpleCommand, ...] = ()
+    host: str = ""
+    texts: tuple[str, ...] = ()
+    too_deep: bool = False
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A governed pattern: built in, or a tenant's ``GovernedPattern`` row."""
+    """A governed call: built in (``match`` over the parsed call, no regex) or a tenant's
+    ``GovernedPattern`` row (``regex``, searched in each simple command / the URL)."""
 
     name: str
     tools: str
@@ -39,13 +55,18 @@ class Rule:
     gateway_tool: str
     reason: str
     enabled: bool = True
+    match: Callable[[Call], bool] | None = field(default=None, compare=False)
 
-    def matches(self, tool: str, subject: str) -> bool:
+    def matches(self, call: Call) -> bool:
+        if self.match is not None:
+            return self.match(call)
         try:
-            return bool(
-                re.fullmatch(self.tools, tool) and re.search(self.regex, subject, re.IGNORECASE)
+            # Tenant patterns run on RE2 (linear time, gateway.agent_hooks.patterns), each in
+            # one simple command of at most MAX_SUBJECT characters.
+            return patterns.fullmatch(self.tools, call.tool) and any(
+                patterns.search(self.regex, text) for text in call.texts
             )
-        except re.error:
+        except patterns.PatternError:
             return False  # validated on save; a bad row must not take the hook down
 
 
@@ -53,63 +74,249 @@ def _mcp(effect_type: str) -> str:
     return f"mcp__{MCP_SERVER}__{tool_name(effect_type)}"
 
 
-_PAYMENT_HOSTS = (
-    r"api\.stripe\.com|api(-m)?\.paypal\.com|[a-z0-9-]+\.adyen\.com|api\.braintreegateway\.com"
-)
-# A command word: at the start, or after a separator, a quote, a pipe, `sudo`/`env`/`xargs`.
-_CMD = r"(?:^|[;&|(`'\"\s])"
+PAYMENT_HOSTS = ("api.stripe.com", "api.paypal.com", "api-m.paypal.com", "api.braintreegateway.com")
+PAYMENT_DOMAINS = (".adyen.com",)
+
+
+def is_payment_host(host: str) -> bool:
+    host = host.lower().rstrip(".")
+    return host in PAYMENT_HOSTS or host.endswith(PAYMENT_DOMAINS)
+
+
+def _host_of(text: str) -> str:
+    candidate = text if "://" in text else f"//{text}"
+    try:
+        return urlsplit(candidate).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _positionals(args: tuple[str, ...], value_flags: frozenset[str]) -> list[str]:
+    """The arguments that are not options, skipping the values of options that take one."""
+    result: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-") and arg != "-":
+            skip = arg in value_flags
+        else:
+            result.append(arg.lower())
+    return result
+
+
+def _verbs(positionals: list[str], verbs: Iterable[tuple[str, ...]], within: int) -> bool:
+    """True when a verb sequence (``*`` = any word) starts at one of the first ``within``
+    positionals: sub-commands come first, after global options."""
+    for verb in verbs:
+        for start in range(min(within, len(positionals))):
+            window = positionals[start : start + len(verb)]
+            if len(window) == len(verb) and all(
+                v in ("*", w) for v, w in zip(verb, window, strict=True)
+            ):
+                return True
+    return False
+
+
+# Global options that take a value, per tool family: their value is not a sub-command.
+_KUBE_FLAGS = frozenset(
+    {"-n", "--namespace", "--context", "--cluster", "--user", "--kubeconfig", "-s", "--server",
+     "--token", "--as", "--as-group", "--kube-context", "--request-timeout", "-R", "--repo",
+     "--auth-token", "--api-key", "-p", "--project-name", "--grpc-web-root-path", "--config"}
+)  # fmt: skip
+
+
+def _program(programs: frozenset[str], verbs: tuple[tuple[str, ...], ...], within: int = 2):
+    def match(call: Call) -> bool:
+        return call.tool == "Bash" and any(
+            c.program in programs and _verbs(_positionals(c.args, _KUBE_FLAGS), verbs, within)
+            for c in call.commands
+        )
+
+    return match
+
+
+def _any_arg(programs: frozenset[str], predicate: Callable[[str], bool]):
+    def match(call: Call) -> bool:
+        return call.tool == "Bash" and any(
+            c.program in programs and any(predicate(a) for a in c.args) for c in call.commands
+        )
+
+    return match
+
+
+def _mail(call: Call) -> bool:
+    if call.tool != "Bash":
+        return False
+    for c in call.commands:
+        if c.program in {"sendmail", "mailx", "mutt", "msmtp", "ssmtp", "swaks", "neomutt"}:
+            return True
+        if c.program == "mail" and "-s" in c.args:
+            return True
+        if any(a.lower().startswith(("smtp://", "smtps://")) for a in c.args):
+            return True
+    return False
+
+
+_STRIPE_VERBS = (
+    "create", "update", "delete", "cancel", "capture", "confirm", "pay", "void", "finalize",
+    "close", "reverse", "approve", "decline", "send", "refund", "reject",
+)  # fmt: skip
+_STRIPE_WRITES = (*(("*", verb) for verb in _STRIPE_VERBS), ("post",), ("delete",), ("trigger",))
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     Rule(
         "kubectl",
         "Bash",
-        rf"{_CMD}kubectl\b[^;&|\n]*\b(apply|delete|replace|patch|scale|set\s+image|"
-        rf"rollout\s+(undo|restart|resume))\b",
+        "",
         _mcp("deployment.release.promote"),
         "Changing a cluster with kubectl bypasses the release process.",
+        match=_program(
+            frozenset({"kubectl", "oc", "kubectl.exe"}),
+            (
+                ("apply",),
+                ("create",),
+                ("edit",),
+                ("patch",),
+                ("delete",),
+                ("replace",),
+                ("scale",),
+                ("autoscale",),
+                ("set",),
+                ("label",),
+                ("annotate",),
+                ("drain",),
+                ("cordon",),
+                ("uncordon",),
+                ("taint",),
+                ("expose",),
+                ("run",),
+                ("rollout", "undo"),
+                ("rollout", "restart"),
+                ("rollout", "resume"),
+                ("rollout", "pause"),
+            ),
+        ),
     ),
     Rule(
         "helm",
         "Bash",
-        rf"{_CMD}helm\s+(upgrade|install|rollback|uninstall)\b",
+        "",
         _mcp("deployment.release.promote"),
         "Helm releases go through the gateway's deployment contracts.",
+        match=_program(
+            frozenset({"helm"}),
+            (("upgrade",), ("install",), ("rollback",), ("uninstall",), ("delete",)),
+        ),
+    ),
+    Rule(
+        "terraform",
+        "Bash",
+        "",
+        _mcp("deployment.release.promote"),
+        "Infrastructure changes are released through the gateway.",
+        match=_program(
+            frozenset({"terraform", "tofu", "terragrunt"}),
+            (("apply",), ("destroy",), ("import",), ("taint",), ("state", "rm"), ("state", "mv")),
+        ),
+    ),
+    Rule(
+        "gh-workflow",
+        "Bash",
+        "",
+        _mcp("deployment.release.promote"),
+        "Deployment workflows are started through the gateway.",
+        match=_program(frozenset({"gh"}), (("workflow", "run"), ("run", "rerun"))),
+    ),
+    Rule(
+        "argocd",
+        "Bash",
+        "",
+        _mcp("deployment.release.promote"),
+        "Argo CD syncs and rollbacks are releases: they go through the gateway.",
+        match=_program(
+            frozenset({"argocd"}),
+            (
+                ("app", "sync"),
+                ("app", "rollback"),
+                ("app", "delete"),
+                ("app", "set"),
+                ("app", "create"),
+                ("app", "patch"),
+            ),
+        ),
+    ),
+    Rule(
+        "stripe-cli",
+        "Bash",
+        "",
+        _mcp("billing.refund.create"),
+        "Payment provider writes are made only by the gateway (exactly once, with approval).",
+        match=_program(frozenset({"stripe"}), _STRIPE_WRITES),
     ),
     Rule(
         "psql-production",
         "Bash",
-        rf"{_CMD}(psql|pg_dump|pg_restore)\b[^;&|\n]*\bprod(uction)?\b",
+        "",
         "",
         "Agents do not connect to production databases; ask an operator.",
+        match=_any_arg(
+            frozenset({"psql", "pg_dump", "pg_restore", "pg_dumpall"}),
+            lambda arg: "prod" in arg.lower(),
+        ),
     ),
     Rule(
         "payment-api",
         "Bash",
-        rf"{_CMD}(curl|wget|http|https|xh|httpie)\b[^;&|\n]*({_PAYMENT_HOSTS})",
+        "",
         _mcp("billing.refund.create"),
         "Payment provider APIs are called only by the gateway (exactly once, with approval).",
+        match=_any_arg(
+            frozenset({"curl", "wget", "http", "https", "xh", "httpie", "curlie", "aria2c"}),
+            lambda arg: is_payment_host(_host_of(arg)),
+        ),
     ),
     Rule(
         "payment-api-fetch",
         "WebFetch",
-        rf"^https?://({_PAYMENT_HOSTS})(/|$|:)",
+        "",
         _mcp("billing.refund.create"),
         "Payment provider APIs are called only by the gateway (exactly once, with approval).",
+        match=lambda call: call.tool == "WebFetch" and is_payment_host(call.host),
     ),
     Rule(
         "mail",
         "Bash",
-        rf"{_CMD}(sendmail|mailx|mutt|msmtp|ssmtp|swaks)\b|{_CMD}mail\s+-s\b|smtps?://",
+        "",
         _mcp("email.message.send"),
         "Email to customers is sent by the gateway (irreversible, audited).",
+        match=_mail,
     ),
     Rule(
         "gh-release",
         "Bash",
-        rf"{_CMD}gh\s+release\s+(create|edit|delete|upload)\b",
+        "",
         _mcp("deployment.release.promote"),
         "Releases are promoted through the gateway.",
+        match=_program(
+            frozenset({"gh"}),
+            (
+                ("release", "create"),
+                ("release", "edit"),
+                ("release", "delete"),
+                ("release", "upload"),
+            ),
+        ),
     ),
+)
+DYNAMIC_REASON = (
+    "Blocked by the Effect Gateway: the program this command runs is computed when it runs "
+    "({program!r}), so the gateway cannot tell whether it reaches a governed system. Write the "
+    "program name literally."
+)
+TOO_DEEP_REASON = (
+    "Blocked by the Effect Gateway: the command nests shells or substitutions deeper than "
+    f"{shell.MAX_NESTING} levels; write it plainly."
 )
 
 
@@ -121,23 +328,48 @@ def effective_rules(tenant_rules: Iterable[Rule]) -> list[Rule]:
     return [rule for rule in by_name.values() if rule.enabled]
 
 
-def subject_of(tool: str, tool_input: Mapping[str, Any]) -> str:
-    """The text a rule is searched in: the command, the URL, or the whole input."""
+def call_of(tool: str, tool_input: Mapping[str, Any]) -> Call:
+    """Read one tool call (the caller has capped its size at MAX_SUBJECT)."""
     if tool == "Bash":
-        value = tool_input.get("command", "")
-    elif tool == "WebFetch":
-        value = tool_input.get("url", "")
-    else:
-        value = json.dumps(tool_input, sort_keys=True, default=str)
-    return str(value)[:MAX_SUBJECT]
+        parsed = shell.parse(str(tool_input.get("command", ""))[:MAX_SUBJECT])
+        texts = tuple(
+            " ".join((c.raw_program or c.program, *c.args))[:MAX_SUBJECT] for c in parsed.commands
+        )
+        return Call(tool, tuple(parsed.commands), texts=texts, too_deep=parsed.too_deep)
+    if tool == "WebFetch":
+        url = str(tool_input.get("url", ""))[:MAX_SUBJECT]
+        return Call(tool, host=_host_of(url), texts=(url,))
+    text = json.dumps(tool_input, sort_keys=True, default=str)[:MAX_SUBJECT]
+    return Call(tool, texts=(text,))
+
+
+def subject_size(tool: str, tool_input: Mapping[str, Any]) -> int:
+    if tool == "Bash":
+        return len(str(tool_input.get("command", "")))
+    if tool == "WebFetch":
+        return len(str(tool_input.get("url", "")))
+    return 0  # other tools: only tenant patterns read them, over a truncated text
 
 
 def governed(rules: Iterable[Rule], tool: str, tool_input: Mapping[str, Any]) -> Rule | None:
-    subject = subject_of(tool, tool_input)
+    call = call_of(tool, tool_input)
     for rule in rules:
-        if rule.matches(tool, subject):
+        if rule.matches(call):
             return rule
     return None
+
+
+def unknowable(tool: str, tool_input: Mapping[str, Any]) -> str:
+    """Why a Bash command cannot be judged (a computed program name, too deep), or ''."""
+    if tool != "Bash":
+        return ""
+    call = call_of(tool, tool_input)
+    if call.too_deep:
+        return TOO_DEEP_REASON
+    for command in call.commands:
+        if command.dynamic:
+            return DYNAMIC_REASON.format(program=command.raw_program)
+    return ""
 
 
 def deny_reason(rule: Rule) -> str:

@@ -9,4 +9,5 @@ app_name = "agent_hooks"
 urlpatterns = [
     path("pre-tool-use", views.pre_tool_use, name="pre-tool-use"),
     path("permission-request", views.permission_request, name="permission-request"),
+    path("post-tool-use", views.post_tool_use, name="post-tool-use"),
 ]

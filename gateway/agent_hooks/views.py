@@ -6,8 +6,20 @@ So these views answer **200 with valid hook JSON, always**, and decide what a fa
 
 * unreadable body (not JSON, no ``tool_name``): nothing can be matched, so PreToolUse answers
   ``ask`` — a human decides — and PermissionRequest gives no decision (the dialog is shown);
-* missing/invalid token, or an internal error: the tenant's patterns cannot be read, so the
-  built-in patterns still deny governed calls (fail closed), and anything else is ``ask``.
+* missing/invalid token: ``ask`` — a human decides — answered *before* the body is read or
+  any matching is done, so an anonymous caller cannot make the gateway do work (the hook was
+  a CPU sink for anonymous 20 KB bodies);
+* an internal error: the tenant's patterns cannot be read, so the built-in patterns still
+  deny governed calls (fail closed), and anything else is ``ask``;
+* a command longer than ``policy.MAX_SUBJECT`` is not matched: ``ask``.
+
+Headless runs (``claude -p``, the Agent SDK, CI) turn ``ask`` into "permission denied", so a
+command needing the gateway's approver would never reach the gateway. With ``?mode=headless``
+in the hook URL the gateway's own approval is the gate: the tool call is *allowed*, the command
+is submitted and waits in AWAITING_APPROVAL, and the reason tells the model to wait for it.
+
+``POST /hooks/claude-code/post-tool-use`` records what each gateway tool call returned (the
+effect id and status) or that a call failed, per session and tool-use id.
 
 The token travels in ``Authorization: Bearer …`` (the http hook's ``headers`` with
 ``allowedEnvVars``). ``?token=`` is refused on purpose: URLs end up in access logs, proxies and
@@ -16,26 +28,30 @@ shell history.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponseNotAllowed, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
 from gateway.agent_hooks import policy
 from gateway.agent_hooks.models import GovernedPattern
+from gateway.agent_hooks.outcomes import record_outcome
 from gateway.api.auth import BearerTokenAuthentication
+from gateway.lib import jsonin
 from gateway.models import Command, Principal
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY = 1024 * 1024
+# The hook input is a command plus a few ids; 64 KB leaves room for tool inputs that carry a
+# payload, and the command itself is matched only up to policy.MAX_SUBJECT.
+MAX_BODY = 64 * 1024
 PRE_TOOL_USE = "PreToolUse"
 PERMISSION_REQUEST = "PermissionRequest"
+POST_TOOL_USE = "PostToolUse"
 
 
 class Unreadable(Exception):
@@ -69,8 +85,8 @@ def _read(request: HttpRequest) -> dict[str, Any]:
     if len(raw) > MAX_BODY:
         raise Unreadable(f"the hook input is larger than {MAX_BODY} bytes")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = jsonin.loads(raw)
+    except jsonin.JsonInputError as exc:
         raise Unreadable(f"the hook input is not JSON ({exc})") from None
     if not isinstance(body, dict) or not isinstance(body.get("tool_name"), str):
         raise Unreadable("the hook input has no tool_name")
@@ -133,11 +149,26 @@ def _with_context(body: dict[str, Any]) -> dict[str, Any]:
     return tool_input
 
 
-def _decide(request: HttpRequest, body: dict[str, Any]) -> tuple[str | None, str, Any]:
+def _headless(request: HttpRequest) -> bool:
+    mode = request.GET.get("mode") or request.headers.get("X-Effect-Gateway-Mode", "")
+    return mode.lower() == "headless"
+
+
+def _decide(
+    request: HttpRequest, principal: Principal, body: dict[str, Any]
+) -> tuple[str | None, str, Any]:
     """(decision: deny | ask | allow | None, reason, updated input) for one tool call."""
-    principal = _principal(request)
     tool = body["tool_name"]
     tool_input = body.get("tool_input") or {}
+    if policy.subject_size(tool, tool_input) > policy.MAX_SUBJECT:
+        return (
+            "ask",
+            f"The command is longer than {policy.MAX_SUBJECT} characters: a human reads it.",
+            None,
+        )
+    unknowable = policy.unknowable(tool, tool_input)
+    if unknowable:
+        return "deny", unknowable, None
     rule = policy.governed(_tenant_rules(principal), tool, tool_input)
     if rule is not None:
         return "deny", policy.deny_reason(rule), None
@@ -146,6 +177,14 @@ def _decide(request: HttpRequest, body: dict[str, Any]) -> tuple[str | None, str
         return None, "", None
     if contract is not None and policy.needs_approval(contract, tool_input):
         link = _console_link(request, principal, tool_input.get("idempotency_key"))
+        if _headless(request):
+            reason = (
+                f"{contract.type} needs a human approver for this payload "
+                f"({contract.approval.description}). Submitting it: the gateway holds it in "
+                f"AWAITING_APPROVAL until an approver signs off ({link}); then call "
+                "wait_for_effect with the effect id and report the outcome. Do not resubmit."
+            )
+            return "allow", reason, _with_context(body)
         reason = (
             f"{contract.type} needs a human approver for this payload "
             f"({contract.approval.description}). After it is submitted, an approver signs "
@@ -154,6 +193,11 @@ def _decide(request: HttpRequest, body: dict[str, Any]) -> tuple[str | None, str
         return "ask", reason, _with_context(body)
     updated = _with_context(body) if contract is not None else None
     return "allow", "The Effect Gateway validates, deduplicates and audits this call.", updated
+
+
+UNAUTHENTICATED = (
+    "The Effect Gateway could not decide (hook authentication failed: {why}); a human decides."
+)
 
 
 def _fallback(body: dict[str, Any] | None, why: str) -> tuple[str, str]:
@@ -168,13 +212,18 @@ def _fallback(body: dict[str, Any] | None, why: str) -> tuple[str, str]:
 
 
 @csrf_exempt
-def pre_tool_use(request: HttpRequest) -> JsonResponse:
+def pre_tool_use(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
+    try:
+        principal = _principal(request)
+    except exceptions.APIException as exc:
+        # No body is read and nothing is matched for an unknown caller (module doc).
+        return JsonResponse(_pre_tool_use("ask", UNAUTHENTICATED.format(why=exc.detail)))
     body = None
     try:
         body = _read(request)
-        decision, reason, updated = _decide(request, body)
+        decision, reason, updated = _decide(request, principal, body)
         return JsonResponse(_pre_tool_use(decision, reason, updated))
     except Unreadable as exc:
         return JsonResponse(
@@ -182,9 +231,6 @@ def pre_tool_use(request: HttpRequest) -> JsonResponse:
                 "ask", f"The Effect Gateway could not read this hook call ({exc}); a human decides."
             )
         )
-    except exceptions.APIException as exc:
-        decision, reason = _fallback(body, f"hook authentication failed: {exc.detail}")
-        return JsonResponse(_pre_tool_use(decision, reason))
     except Exception:
         logger.exception("claude-code pre-tool-use hook failed")
         decision, reason = _fallback(body, "internal error")
@@ -192,20 +238,49 @@ def pre_tool_use(request: HttpRequest) -> JsonResponse:
 
 
 @csrf_exempt
-def permission_request(request: HttpRequest) -> JsonResponse:
+def permission_request(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
+    try:
+        principal = _principal(request)
+    except exceptions.APIException:
+        return JsonResponse(_permission_request(None))  # the dialog is shown: a human decides
     body = None
     try:
         body = _read(request)
-        decision, reason, _updated = _decide(request, body)
+        decision, reason, _updated = _decide(request, principal, body)
     except Unreadable:
         return JsonResponse(_permission_request(None))  # the dialog is shown: a human decides
-    except exceptions.APIException as exc:
-        decision, reason = _fallback(body, f"hook authentication failed: {exc.detail}")
     except Exception:
         logger.exception("claude-code permission-request hook failed")
         decision, reason = _fallback(body, "internal error")
     # "ask" is the dialog itself: no decision lets the human see it.
     behavior = decision if decision in ("allow", "deny") else None
     return JsonResponse(_permission_request(behavior, reason))
+
+
+@csrf_exempt
+def post_tool_use(request: HttpRequest) -> HttpResponse:
+    """Record what a tool call returned; for a gateway command still waiting, tell the model
+    to wait for it instead of resubmitting."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    try:
+        principal = _principal(request)
+        body = _read(request)
+    except (exceptions.APIException, Unreadable):
+        return JsonResponse({})  # nothing to record for an unknown caller or an unreadable body
+    outcome = record_outcome(principal=principal, body=body)
+    if outcome is not None and outcome.status == "AWAITING_APPROVAL":
+        return JsonResponse(
+            {
+                "hookSpecificOutput": {
+                    "hookEventName": POST_TOOL_USE,
+                    "additionalContext": (
+                        f"Effect {outcome.effect_id} waits for a human approver. Call "
+                        "wait_for_effect with this effect id; do not submit it again."
+                    ),
+                }
+            }
+        )
+    return JsonResponse({})

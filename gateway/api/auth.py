@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass
 
 from django.utils import timezone
@@ -13,20 +11,14 @@ from rest_framework import authentication, exceptions, throttling
 from gateway import trust
 from gateway.errors import NotPermitted
 from gateway.models import ApiToken, Principal
-
-TOKEN_PREFIX = "egw_"
-
-
-def hash_token(token: str) -> str:
-    # Tokens carry 256 random bits, so a fast hash is enough: there is nothing to brute-force.
-    return hashlib.sha256(token.encode()).hexdigest()
+from gateway.tokens import TOKEN_PREFIX as TOKEN_PREFIX
+from gateway.tokens import hash_token as hash_token
+from gateway.tokens import token_issue
 
 
-def token_create(*, principal: Principal) -> str:
+def token_create(*, principal: Principal, expires_in: int | None = None) -> str:
     """A new API token for ``principal``; the clear value is returned once and never stored."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(principal=principal, prefix=token[:12], token_hash=hash_token(token))
-    return token
+    return token_issue(principal=principal, expires_in=expires_in)[1]
 
 
 @dataclass(frozen=True)
@@ -78,8 +70,15 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("The token is not valid.") from None
         record = _token_record(hash_token(token))
-        if record is None:
-            raise exceptions.AuthenticationFailed("The token is not valid or was revoked.")
+        if record is None or (
+            record.expires_at is not None and record.expires_at <= timezone.now()
+        ):
+            raise exceptions.AuthenticationFailed("The token is not valid, expired or was revoked.")
+        if record.principal.frozen:
+            # A frozen principal reads nothing either: freezing is the incident brake.
+            raise exceptions.PermissionDenied(
+                f"Principal {record.principal.name} is frozen: its tokens read nothing."
+            )
         return PrincipalUser(record.principal), record
 
     def authenticate_header(self, request) -> str:

@@ -40,4 +40,11 @@ def idempotency_key_from(request: Request, *, what: str, example: str) -> str:
             f"(e.g. {example}), never a random id per attempt.",
             errors={"Idempotency-Key": ["required"]},
         )
+    if "," in key:
+        # Proxies and WSGI servers join repeated headers with commas: two keys for one request
+        # would make the replay protection guess which one was meant.
+        raise ValidationProblem(
+            "Send exactly one Idempotency-Key header (a key must not contain commas).",
+            errors={"Idempotency-Key": ["exactly one key, without commas"]},
+        )
     return key

@@ -2,14 +2,18 @@ from django.urls import include, path, re_path
 from rest_framework.routers import SimpleRouter
 
 from gateway.api import views
+from gateway.api.audit import AuditCheckpointsView
+from gateway.api.tokens import TokenViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("effects", views.EffectViewSet, basename="effect")
 router.register("capabilities", views.CapabilityViewSet, basename="capability")
+router.register("tokens", TokenViewSet, basename="token")
 
 urlpatterns = [
     path("commands", views.CommandSubmitView.as_view(), name="command-submit"),
     path("effect-types", views.EffectTypesView.as_view(), name="effect-types"),
+    path("audit/checkpoints", AuditCheckpointsView.as_view(), name="audit-checkpoints"),
     re_path(
         r"^effect-types/(?P<effect_type>[a-z0-9_.]+)/(?P<verb>freeze|unfreeze)$",
         views.EffectTypeFreezeView.as_view(),

@@ -3,6 +3,7 @@ answer with the output serializer; errors leave through gateway.api.problems."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from django.conf import settings
@@ -28,6 +29,7 @@ from gateway.api.serializers import (
     EffectSerializer,
     ReasonSerializer,
 )
+from gateway.api.waits import wait_slot
 from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, EffectStatus
 from gateway.contracts import CONTRACTS
 from gateway.errors import NotFound, NotPermitted, ValidationProblem
@@ -157,7 +159,8 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         effect = self.get_object()
         wait = _parse_wait(request.query_params.get("wait"))
         if wait:
-            effect = _wait_for_change(effect, wait)
+            with wait_slot(request):  # 429 when the caller or this node has too many open
+                effect = _wait_for_change(effect, wait)
         return Response(self.get_serializer(effect).data)
 
     @extend_schema(responses=EffectEventSerializer(many=True))
@@ -260,8 +263,10 @@ def _parse_wait(raw: str | None) -> float:
         raise ValidationProblem(
             "wait must be a number of seconds.", errors={"wait": ["must be a number"]}
         ) from None
-    if value < 0:
-        raise ValidationProblem("wait must not be negative.", errors={"wait": ["must be >= 0"]})
+    if not math.isfinite(value) or value < 0:
+        raise ValidationProblem(
+            "wait must be a finite number of seconds, at least 0.", errors={"wait": [">= 0"]}
+        )
     return min(value, settings.GATEWAY_MAX_WAIT)
 
 

@@ -17,17 +17,18 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from gateway import audit, capabilities
+from gateway import audit, capabilities, checkpoints, tokens
 from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, Role
-from gateway.console.base import ConsoleRequest, console_view, perform
+from gateway.console.base import ConsoleRequest, console_view, error_response, is_partial, perform
 from gateway.console.forms import GRANT_EXPIRIES, GrantForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import capabilities_for_principal, type_freezes
 from gateway.contracts import CONTRACTS, EffectContract
-from gateway.errors import NotFound, NotPermitted
-from gateway.models import Capability, EffectTypeFreeze, Principal
+from gateway.errors import GatewayError, NotFound, NotPermitted
+from gateway.models import ApiToken, Capability, EffectTypeFreeze, Principal
 from gateway.templatetags.console import money
 
 GRANTS_SHOWN = 100
+TOKENS_SHOWN = 100
 
 
 def _require_controls(principal: Principal) -> None:
@@ -79,6 +80,22 @@ def _grant_row(grant: Capability, now: datetime) -> GrantRow:
     return GrantRow(grant=grant, state=state, count=count, amount=amount)
 
 
+@dataclass(frozen=True)
+class TokenRow:
+    token: ApiToken
+    state: str  # live, expired, revoked
+
+
+def _token_row(token: ApiToken, now: datetime) -> TokenRow:
+    if token.revoked_at is not None:
+        state = "revoked"
+    elif token.expires_at is not None and token.expires_at <= now:
+        state = "expired"
+    else:
+        state = "live"
+    return TokenRow(token=token, state=state)
+
+
 def _controls_context(request: ConsoleRequest) -> dict[str, Any]:
     principal = request.principal
     _require_controls(principal)
@@ -96,7 +113,16 @@ def _controls_context(request: ConsoleRequest) -> dict[str, Any]:
         .order_by("role", "name")
     )
     grants = list(capabilities_for_principal(principal)[:GRANTS_SHOWN])
+    # Admins see the tenant's tokens, an operator its own (the API's rule, gateway.tokens).
+    visible = list(
+        tokens.tokens_visible_to(principal).select_related("rotated_from")[:TOKENS_SHOWN]
+    )
+    latest = checkpoints.checkpoints_read(principal.tenant.slug, limit=1)
     return {
+        "tokens": [_token_row(token, now) for token in visible],
+        "tokens_capped": len(visible) == TOKENS_SHOWN,
+        "checkpoint": latest[0] if latest else None,
+        "checkpoint_key": checkpoints.fingerprint(),
         "types": [
             TypeRow(contract, freezes.get(name)) for name, contract in sorted(CONTRACTS.items())
         ],
@@ -269,3 +295,49 @@ def capability_grant(request: ConsoleRequest) -> HttpResponse:
     return _controls_perform(
         request, form=GrantForm(request.POST), run=run, section="grants", target="#grant-error"
     )
+
+
+def _visible_token(principal: Principal, token_id: int) -> ApiToken:
+    token = tokens.tokens_visible_to(principal).filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"No token {token_id}.")
+    return token
+
+
+@require_POST
+@console_view
+def token_revoke(request: ConsoleRequest, token_id: int) -> HttpResponse:
+    """POST ``/controls/tokens/<id>/revoke``: ``token_revoke``."""
+    principal = request.principal
+    _require_controls(principal)
+    token = _visible_token(principal, token_id)
+
+    def run(data: dict[str, Any]) -> str:
+        tokens.token_revoke(token=token, actor=principal, reason=data["reason"])
+        return f"Revoked {token.prefix}… of {token.principal.name}: it is refused from now on."
+
+    return _controls_perform(
+        request, form=RequiredReasonForm(request.POST), run=run, section="tokens"
+    )
+
+
+@require_POST
+@console_view
+def token_rotate(request: ConsoleRequest, token_id: int) -> HttpResponse:
+    """POST ``/controls/tokens/<id>/rotate``: ``token_rotate``. The new token is shown once,
+    in this answer only (never in a flash message, which may travel in a cookie), so there is
+    no redirect: without JavaScript the whole page comes back with it."""
+    principal = request.principal
+    _require_controls(principal)
+    token = _visible_token(principal, token_id)
+    try:
+        new, clear = tokens.token_rotate(token=token, actor=principal)
+    except GatewayError as exc:
+        return error_response(request, exc, target="#flash", back=reverse("console:controls"))
+    context = {
+        **_controls_context(request),
+        "new_token": {"clear": clear, "prefix": new.prefix, "principal": new.principal.name},
+    }
+    if is_partial(request):
+        return render(request, "gateway/tenant_controls.html#tokens", context)
+    return render(request, "gateway/tenant_controls.html", context)

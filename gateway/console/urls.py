@@ -32,4 +32,6 @@ urlpatterns: list[URLPattern] = [
         controls.capability_revoke,
         name="capability-revoke",
     ),
+    path("controls/tokens/<int:token_id>/revoke", controls.token_revoke, name="token-revoke"),
+    path("controls/tokens/<int:token_id>/rotate", controls.token_rotate, name="token-rotate"),
 ]

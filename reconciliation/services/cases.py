@@ -118,7 +118,10 @@ def cases_open_for_flagged(*, limit: int = 200) -> int:
         .order_by("status_changed_at")[:limit]
     )
     for effect in flagged:
-        if effect.mismatch:
+        if effect.mismatch and effect.status == S.PREPARED:
+            reason = CaseReason.MISMATCH
+            text = "the stored payload is not the one approved (tampered); it was never sent"
+        elif effect.mismatch:
             reason, text = CaseReason.MISMATCH, "the provider recorded something else"
         elif effect.status == S.NOT_STARTED:
             reason = CaseReason.RETRY_BUDGET_EXHAUSTED

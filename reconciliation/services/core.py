@@ -21,7 +21,8 @@ S = EffectStatus
 RECONCILER = "reconciler"
 LEASE_RECOVERY = "lease-recovery"
 # Statuses whose effect may still carry a flag (escalated, mismatch) that needs a case.
-_FLAGGABLE = (S.UNKNOWN, S.IN_PROGRESS, S.NOT_STARTED)
+# PREPARED: a payload found tampered at the claim (gateway.integrity), frozen and never sent.
+_FLAGGABLE = (S.UNKNOWN, S.IN_PROGRESS, S.NOT_STARTED, S.PREPARED)
 # A receipt never moves these back: the effect happened, whatever arrives late.
 _CONFIRMED_OR_LATER = frozenset({S.CONFIRMED, S.COMPENSATING, S.COMPENSATED, S.COMPENSATION_FAILED})
 # After an unexpected error on one effect, wait at least this long before trying it again.

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from gateway import ledger
 from gateway.models import Attempt, Effect
+from gateway.recovery import close_attempts_of_lost_claim
 from reconciliation.services.core import LEASE_RECOVERY, S
 
 
@@ -50,4 +51,6 @@ def effects_recover_expired_leases(*, limit: int = 500) -> int:
                 lease_expires_at=None,
                 next_check_at=now,
             )
+            # Its worker is gone or stalled: close the attempt it left "sending".
+            close_attempts_of_lost_claim(effect_id=effect.pk, fence=effect.fence, now=now)
     return recovered

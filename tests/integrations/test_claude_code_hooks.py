@@ -200,19 +200,19 @@ def test_tenant_patterns_add_rules_and_switch_defaults_off(agent, rival_agent):
     tenant = agent.principal.tenant
     GovernedPattern.objects.create(
         tenant=tenant,
-        name="terraform",
-        regex=r"\bterraform\s+apply\b",
+        name="pulumi",
+        regex=r"\bpulumi\s+up\b",
         gateway_tool="mcp__effect-gateway__deployment_release_promote",
         reason="Infrastructure changes are released through the gateway.",
     )
     GovernedPattern.objects.create(
         tenant=tenant, name="kubectl", regex="x", reason="off", enabled=False
     )
-    assert decision(pre(agent, "Bash", bash("terraform apply -auto-approve"))) == "deny"
+    assert decision(pre(agent, "Bash", bash("cd infra && pulumi up --yes"))) == "deny"
     assert pre(agent, "Bash", bash("kubectl apply -f x.yaml")) == {}
-    # Another tenant keeps the defaults and has no terraform rule.
+    # Another tenant keeps the defaults and has no pulumi rule.
     assert decision(pre(rival_agent, "Bash", bash("kubectl apply -f x.yaml"))) == "deny"
-    assert pre(rival_agent, "Bash", bash("terraform apply")) == {}
+    assert pre(rival_agent, "Bash", bash("pulumi up")) == {}
 
 
 @pytest.mark.parametrize("body", ["{not json", "[]", '{"tool_input": {}}', ""])
@@ -223,8 +223,9 @@ def test_unreadable_input_still_answers_200_and_asks_a_human(agent, body):
     assert post(PERMISSION, body, agent.token) == {}
 
 
-def test_without_a_valid_token_the_built_in_patterns_still_deny(agent):
-    assert decision(pre(agent, "Bash", bash("kubectl delete ns shop"), token=None)) == "deny"
+def test_without_a_valid_token_a_human_decides_and_nothing_is_matched(agent):
+    # Issue 13 item 2: an anonymous caller gets a fixed answer, no matching work at all.
+    assert decision(pre(agent, "Bash", bash("kubectl delete ns shop"), token=None)) == "ask"
     answer = pre(agent, "Bash", bash("ls"), token="egw_wrong")
     assert decision(answer) == "ask"
     assert "authentication failed" in answer["hookSpecificOutput"]["permissionDecisionReason"]

@@ -33,7 +33,17 @@ class Command(BaseCommand):
         grant.add_argument("--budget-count", type=int, help="at most this many commands")
         grant.add_argument("--budget-amount", type=int, help="total amount (minor units)")
         grant.add_argument("--currency", default="", help="currency of --budget-amount")
-        grant.add_argument("--expires-in", type=int, help="seconds until the grant expires")
+        grant.add_argument(
+            "--expires-in",
+            type=int,
+            help="seconds until the grant and the token expire (token: see --token-expires-in)",
+        )
+        parser.add_argument(
+            "--token-expires-in",
+            type=int,
+            help="seconds until the token expires; 0: never. Default: agents "
+            "GATEWAY_AGENT_TOKEN_TTL (90 days), people never (or --expires-in when given)",
+        )
 
     @transaction.atomic
     def handle(
@@ -49,6 +59,7 @@ class Command(BaseCommand):
         budget_amount: int | None = None,
         currency: str = "",
         expires_in: int | None = None,
+        token_expires_in: int | None = None,
         **options,
     ):
         tenant_obj, tenant_created = Tenant.objects.get_or_create(
@@ -94,4 +105,6 @@ class Command(BaseCommand):
             )
         if password:
             self.stdout.write(f"Console login: {principal}@{tenant}")
-        self.stdout.write(token_create(principal=principal_obj))
+        if token_expires_in is None:
+            token_expires_in = expires_in
+        self.stdout.write(token_create(principal=principal_obj, expires_in=token_expires_in))

@@ -8,7 +8,8 @@ drop the old key. The commands stay frozen: the database allows this one column 
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from gateway.lib.vault import reseal
+from gateway.integrity import payload_binding
+from gateway.lib.vault import reseal_bound
 from gateway.models import Command as LedgerCommand
 
 
@@ -25,13 +26,18 @@ class Command(BaseCommand):
             rows = list(
                 LedgerCommand.objects.filter(effect_id__gt=last)
                 .order_by("effect_id")
-                .values_list("effect_id", "payload_sealed")[:batch]
+                .values_list("effect_id", "payload_digest", "payload_sealed")[:batch]
             )
             if not rows:
                 break
             with transaction.atomic():
-                for effect_id, sealed in rows:
-                    LedgerCommand.objects.filter(pk=effect_id).update(payload_sealed=reseal(sealed))
+                for effect_id, digest, sealed in rows:
+                    # Re-sealed bound to its own command (payloads sealed before binding
+                    # existed become bound here).
+                    bound_to = payload_binding(effect_id=effect_id, digest=digest)
+                    LedgerCommand.objects.filter(pk=effect_id).update(
+                        payload_sealed=reseal_bound(sealed, bound_to=bound_to)
+                    )
             done += len(rows)
             last = rows[-1][0]
         self.stdout.write(f"Re-sealed {done} payloads under the current key.")

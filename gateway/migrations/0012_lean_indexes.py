@@ -10,7 +10,7 @@ EXPLAIN against the queries of the code and of tests/benchmarks/ledger_scale.py:
 - the ``varchar_pattern_ops`` twins Django adds to every indexed text column: they serve only
   ``LIKE 'prefix%'`` under a non-C collation, and nothing queries an identifier with LIKE.
 
-Numbered 0030 so that it does not collide with migrations of other branches; renumber at merge.
+(Written on a branch as 0030; renumbered 0012 when the branches met.)
 """
 
 import django.db.models.deletion
@@ -30,7 +30,7 @@ _LIKE_TWINS = [
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("gateway", "0008_audit_sequencer"),
+        ("gateway", "0011_attempt_abandoned"),
     ]
 
     operations = [

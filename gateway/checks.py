@@ -1,0 +1,44 @@
+"""``manage.py check --deploy`` warnings that need the database."""
+
+from __future__ import annotations
+
+from django.core.checks import Tags, Warning, register
+from django.db import DatabaseError, connections
+
+LEDGER_TABLE = "gateway_effectevent"
+
+
+@register(Tags.security, deploy=True)
+def app_role_must_not_own_the_ledger(app_configs=None, databases=None, **kwargs):
+    """The append-only triggers bind only roles that do not own the tables: an owner (or a
+    superuser) can disable or drop them. So the app must connect as a role that neither owns
+    the ledger tables nor is a superuser (docs/security.md, "Database roles")."""
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_has_role(current_user, c.relowner, 'USAGE'), r.rolsuper "
+                "FROM pg_class c, pg_roles r "
+                "WHERE c.oid = %s::regclass AND r.rolname = current_user",
+                [LEDGER_TABLE],
+            )
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []  # no database (yet): nothing to say about its roles
+    if row is None:
+        return []
+    owns, superuser = row
+    if not (owns or superuser):
+        return []
+    what = "is a superuser" if superuser else "owns the ledger tables"
+    return [
+        Warning(
+            f"The database role the gateway connects as {what}, so it can disable the "
+            "append-only triggers (and TRUNCATE the history).",
+            hint="Run migrations as an owner role and connect the app as a role with only "
+            "SELECT/INSERT/UPDATE on the tables (docs/security.md, 'Database roles').",
+            id="gateway.W001",
+        )
+    ]
