@@ -69,8 +69,8 @@ test: install browser ## Lint, format, types, import boundaries, migrations curr
 	@# accessibility checks; they skip, saying why, where npm is missing.
 	@if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
 		else echo "note: npm is missing: the console's axe-core checks skip"; fi
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 	$(MAKE) clients-test
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
 	bash scripts/clients_smoke.sh
