@@ -43,6 +43,9 @@ BROKER_OUTAGE_COMMANDS = 5  # submitted while the broker is down
 # the timeout below, on two shared cores.
 SETTLE_TIMEOUT = float(os.environ.get("EG_FAULT_RUN_TIMEOUT", "480"))
 FAULTS_PER_KIND = max(2, COMMANDS // 30)
+# Once PostgreSQL is back, confirmations must resume within this (a lease, a sweep, a
+# reconnect); a worker that kept its dead connection stalled 85 s here.
+RESUME_WITHIN = 30.0
 
 
 @pytest.fixture
@@ -148,6 +151,9 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
         outage_done = second_kill_done = False
         second_kill_after = rng.uniform(0, 2)
         second_kill_ready_at: float | None = None
+        back = 0.0
+        confirmed_when_back = 0
+        resumed: float | None = None
         while True:
             supervisor.tick()
             done = confirmed(effect_ids)
@@ -163,7 +169,11 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
                 servers.postgres.start(fix=fix)
                 events.append(f"PostgreSQL down {time.monotonic() - down:.1f}s at {done} confirmed")
                 outage_done = True
+                back, confirmed_when_back = time.monotonic(), done
                 continue
+            if outage_done and resumed is None and done > confirmed_when_back:
+                resumed = time.monotonic() - back
+                events.append(f"confirmations resumed {resumed:.1f}s after PostgreSQL was back")
             if outage_done and not second_kill_done and done >= 0.6 * COMMANDS:
                 second_kill_ready_at = second_kill_ready_at or time.monotonic()
                 if time.monotonic() - second_kill_ready_at >= second_kill_after:
@@ -212,4 +222,6 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
     # Two random SIGKILLs and the three failpoints'; a worker that died by itself is a bug.
     assert supervisor.sigkills == 2 and run.kills == 5, summary
     assert run.unexpected_exits == 0, (summary, run.log)
+    # The workers reconnect by themselves: no stall until a reuse count runs out.
+    assert resumed is not None and resumed < RESUME_WITHIN, summary
     assert "BROKEN" not in audit.getvalue(), summary
