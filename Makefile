@@ -22,7 +22,7 @@ PYTEST_WORKERS ?= 2
 # warns about each one on every call. They are noise, so drop them from the output.
 PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 
-.PHONY: help install browser test lint fmt typecheck lint-imports demo bench clean clients-test clients-schema
+.PHONY: help install browser test test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
@@ -70,7 +70,10 @@ test: install browser ## Lint, format, types, import boundaries, migrations curr
 	@if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
 		else echo "note: npm is missing: the console's axe-core checks skip"; fi
 	$(MAKE) clients-test
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install ## The slow tier only: the fault run (tests/slow/), on the run's own embedded servers
+	$(PY) -m pytest -m slow -n 0 tests/slow $(PYTEST_ARGS)
 
 clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
 	bash scripts/clients_smoke.sh

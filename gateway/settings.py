@@ -275,8 +275,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 # Celery's Django fixup closes the database connection around every task unless this is set:
 # a new PostgreSQL backend per task (the largest share of a worker's CPU per effect once the
-# rest was cheap). Reuse it for this many tasks; Django's CONN_MAX_AGE and health checks
-# still retire a connection that is old or broken.
+# rest was cheap). Reuse it for this many tasks; gateway/celery.py still retires a connection
+# that is broken (a PostgreSQL restart) or older than CONN_MAX_AGE, around every task.
 CELERY_DB_REUSE_MAX = env_int("GATEWAY_CELERY_DB_REUSE_MAX", 1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -60,6 +60,12 @@ def pytest_load_initial_conftests(early_config, parser, args):
     return (yield)
 
 
+def servers() -> embedded.TestServers | None:
+    """This run's embedded servers, for a test that stops and starts them (the slow tier's
+    fault run); None under an xdist worker or when the run uses servers of its own."""
+    return _servers
+
+
 def pytest_report_header(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return None

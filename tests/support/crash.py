@@ -90,6 +90,58 @@ class Run:
         return len(self.exits) - self.kills
 
 
+class Supervisor:
+    """One beat and one worker (restarted whenever it dies) on `queue`. ``tick()`` restarts a
+    dead worker; ``sigkill_worker()`` kills it now, from outside, and counts that kill apart
+    from the failpoints' so a worker that died by itself still shows."""
+
+    def __init__(
+        self, *, queue: str, logs: Path, failpoints: str, failpoint_dir: Path, pool: str = "solo"
+    ) -> None:
+        self.queue = queue
+        self.logs = logs
+        self.pool = pool
+        self.failpoints = failpoints
+        self.failpoint_dir = failpoint_dir
+        self.env = {
+            **RECOVERY_ENV,
+            "GATEWAY_FAILPOINTS": failpoints,
+            "GATEWAY_FAILPOINT_DIR": str(failpoint_dir),
+        }
+        self.exits: list[int] = []
+        self.sigkills = 0
+        self.beat = Celery("beat", queue, logs / "beat.log", **RECOVERY_ENV)
+        self.worker = self._start_worker()
+
+    def _start_worker(self) -> Celery:
+        return Celery("worker", self.queue, self.logs / "worker.log", pool=self.pool, **self.env)
+
+    def tick(self) -> None:
+        code = self.worker.process.poll()
+        if code is not None:
+            self.exits.append(code)
+            self.worker.handle.close()
+            self.worker = self._start_worker()
+
+    def sigkill_worker(self) -> None:
+        self.tick()  # a worker that already died is not ours to count
+        self.sigkills += 1
+        self.worker.kill()
+        self.exits.append(-9)
+        self.worker = self._start_worker()
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.beat.stop()
+
+    def result(self) -> Run:
+        return Run(
+            kills=failpoint_kills(self.failpoints, self.failpoint_dir) + self.sigkills,
+            exits=self.exits,
+            log=(self.logs / "worker.log").read_text(errors="replace")[-3000:],
+        )
+
+
 def run(
     *,
     effect_ids: list[str],
@@ -101,35 +153,21 @@ def run(
 ) -> Run:
     """Supervise one solo worker (restarted whenever it dies) and one beat until every
     effect is settled or handed to a human. Waits on the ledger's state, not on time."""
-    env = {
-        **RECOVERY_ENV,
-        "GATEWAY_FAILPOINTS": failpoints,
-        "GATEWAY_FAILPOINT_DIR": str(failpoint_dir),
-    }
-    beat = Celery("beat", queue, logs / "beat.log", **RECOVERY_ENV)
-    worker = Celery("worker", queue, logs / "worker.log", pool="solo", **env)
-    exits: list[int] = []
+    supervisor = Supervisor(
+        queue=queue, logs=logs, failpoints=failpoints, failpoint_dir=failpoint_dir
+    )
     started = time.monotonic()
     try:
         while True:
-            code = worker.process.poll()
-            if code is not None:
-                exits.append(code)
-                worker.handle.close()
-                worker = Celery("worker", queue, logs / "worker.log", pool="solo", **env)
+            supervisor.tick()
             if _settled_or_queued(effect_ids):
                 break
             if time.monotonic() - started > timeout:
                 raise AssertionError(f"not recovered within {timeout}s; see {logs}")
             time.sleep(0.3)
     finally:
-        worker.stop()
-        beat.stop()
-    return Run(
-        kills=failpoint_kills(failpoints, failpoint_dir),
-        exits=exits,
-        log=(logs / "worker.log").read_text(errors="replace")[-3000:],
-    )
+        supervisor.stop()
+    return supervisor.result()
 
 
 def check(
