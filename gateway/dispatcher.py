@@ -59,8 +59,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from gateway import fastpath, services
-from gateway.fastpath import FastClaim
-from gateway.fastpath_batch import Answer, claim_batch, record_batch
+from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
 from gateway.lib.failpoints import failpoint
 
 logger = logging.getLogger(__name__)
@@ -179,7 +178,7 @@ class _Drainer:
         self.worker = worker
         self.limit = limit
         self.pool = _call_pool()
-        self.in_flight: dict[Future[services.Sent], FastClaim] = {}
+        self.in_flight: dict[Future[services.Sent], BatchClaim] = {}
         self.skip: list[str] = []  # handed to the general path in this drain
         self.claiming = True
         self.cleared = False
@@ -242,7 +241,7 @@ class _Drainer:
             self.flag.clear()
             self.cleared = True
 
-    def _send(self, claim: FastClaim) -> services.Sent:
+    def _send(self, claim: BatchClaim) -> services.Sent:
         try:
             return services.fast_send(claim)
         finally:
@@ -299,6 +298,9 @@ class _Drainer:
             if sent.result is None:
                 services.fast_refuse_tampered(claim, problem=sent.problem, worker=self.worker)
                 continue
+            if claim.compensates:  # its record settles the original: the general way
+                services.fast_record_general(claim, sent.result, worker=self.worker)
+                continue
             fields = services.fast_fields(claim, sent.result, now)
             answers.append(Answer(claim, sent.result, fields))
         if not answers:
@@ -307,7 +309,7 @@ class _Drainer:
         for answer in answers:
             if answer.claim.effect_id in written:
                 services.log_recorded(answer.claim.effect_id, answer.result)
-            else:  # stale, or a compensation / webhook endpoint needs the general record
+            else:  # stale, or a webhook endpoint of its tenant needs its outbox row
                 services.fast_record_general(answer.claim, answer.result, worker=self.worker)
         failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged
 
