@@ -30,10 +30,11 @@ flag, since it still stood when S looked. The flag goes away in one of two ways:
    mid-drain) is E not claimed by a drainer; its ``next_dispatch_at`` (set at submission)
    then makes the dispatch sweeper send it, as it does for any lost message.
 
-A drainer whose claim came back full (more may be due than its window) publishes one more
-``dispatch_due``, once, so that idle workers elsewhere share a backlog; each helper does the
-same. A publish that fails (broker down) clears the flag it set, and the
-submission still answers 201: the sweeper sends the effect when the broker is back.
+A drainer whose window is full (its claims came back full up to its last slot: more may be
+due than it takes at a time) publishes one more ``dispatch_due``, once, so that idle workers
+elsewhere share a backlog; each helper does the same. A publish that fails (broker down)
+clears the flag it set, and the submission still answers 201: the sweeper sends the effect
+when the broker is back.
 
 **Crash safety** is the single dispatch's: each claim statement commits before any of its
 effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
@@ -146,17 +147,33 @@ class _CallPool:
             self.slots.release()
 
 
+class _Window:
+    """How many effects a drainer of this process may have claimed and not yet answered: one
+    when the process starts, one more for every answer it records (so it doubles with each
+    round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
+    died waits for its leases to run out and for the reconciler to ask the provider; starting
+    at one bounds that to one effect per life for a worker that keeps dying (a poison payload,
+    an out-of-memory kill), and a healthy worker is at full width after a handful of rounds."""
+
+    def __init__(self) -> None:
+        self.size = 1
+
+    def grow(self, answers: int) -> None:
+        self.size = min(self.size + answers, settings.GATEWAY_DISPATCH_BATCH)
+
+
 _pool_lock = threading.Lock()
-_pool: tuple[int, _CallPool] | None = None
+_pool: tuple[int, _CallPool, _Window] | None = None
 
 
-def _call_pool() -> _CallPool:
-    """Made on first use in each process (a forked worker child makes its own)."""
+def _process_state() -> tuple[_CallPool, _Window]:
+    """This process's call pool and window, made on first use (a forked worker child makes
+    its own)."""
     global _pool
     with _pool_lock:
         if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), _CallPool(settings.GATEWAY_DISPATCH_CALLS))
-        return _pool[1]
+            _pool = (os.getpid(), _CallPool(settings.GATEWAY_DISPATCH_CALLS), _Window())
+        return _pool[1], _pool[2]
 
 
 # --- the drain ---------------------------------------------------------------------------------
@@ -176,8 +193,8 @@ class _Drainer:
     def __init__(self, flag: DueFlag | None, worker: str, limit: int) -> None:
         self.flag = flag
         self.worker = worker
+        self.pool, self.window = _process_state()
         self.limit = limit
-        self.pool = _call_pool()
         self.in_flight: dict[Future[services.Sent], BatchClaim] = {}
         self.skip: list[str] = []  # handed to the general path in this drain
         self.claiming = True
@@ -187,10 +204,13 @@ class _Drainer:
         self.last_full = False
         self.sent = 0
 
+    def _width(self) -> int:
+        return min(self.limit, self.window.size)
+
     def run(self) -> int:
         while self.claiming or self.in_flight:
             if self.claiming and self._claim_now():
-                room = self.limit - len(self.in_flight)
+                room = self._width() - len(self.in_flight)
                 slots = self.pool.take(room, wait_for_one=not self.in_flight)
                 if slots:
                     self._claim(slots)
@@ -202,7 +222,7 @@ class _Drainer:
     def _claim_now(self) -> bool:
         """Claim when nothing is in flight, when the last claim was full (a backlog), or when
         calls have been out for a while (new work does not wait behind a slow provider)."""
-        if len(self.in_flight) >= self.limit:
+        if len(self.in_flight) >= self._width():
             return False
         return (
             not self.in_flight
@@ -227,7 +247,8 @@ class _Drainer:
             future = self.pool.executor.submit(self._send, claim)
             self.in_flight[future] = claim
         self.sent += len(batch.claims)
-        if self.last_full and not self.helped:
+        if self.last_full and len(self.in_flight) >= self.limit and not self.helped:
+            # Only at full width: a window still opening is not a backlog.
             self._call_for_help()
         for effect_id in batch.refused:
             self._general(effect_id)
@@ -248,7 +269,8 @@ class _Drainer:
             self.pool.give(1)
 
     def _call_for_help(self) -> None:
-        """A full batch: more may be due than one drainer's window. One more ``dispatch_due``
+        """A full window, claimed to the last slot: more may be due than one drainer takes at
+        a time. One more ``dispatch_due``
         (past the flag, which stands for this drain) lets a worker elsewhere share it; the
         helper does the same when its own first batch is full."""
         from gateway.tasks import dispatch_due
@@ -273,7 +295,7 @@ class _Drainer:
 
     def _collect(self) -> None:
         timeout = None
-        if self.claiming and len(self.in_flight) < self.limit:
+        if self.claiming and len(self.in_flight) < self._width():
             timeout = max(0.0, POLL_SECONDS - (time.monotonic() - self.last_claim))
         done, pending = wait(self.in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
         if not done:
@@ -312,6 +334,7 @@ class _Drainer:
             else:  # stale, or a webhook endpoint of its tenant needs its outbox row
                 services.fast_record_general(answer.claim, answer.result, worker=self.worker)
         failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged
+        self.window.grow(len(answers))
 
 
 def _drain_general(flag: DueFlag | None, worker: str) -> int:
