@@ -409,3 +409,15 @@ def test_concurrent_drainers_and_single_dispatches_send_each_effect_once(
     for effect_id in ids:
         assert Attempt.objects.filter(effect_id=effect_id).count() == 1
         assert EffectEvent.objects.filter(effect_id=effect_id, kind="claimed").count() == 1
+
+
+def test_with_the_fast_path_off_a_drain_sends_each_due_effect_the_general_way(
+    sandbox, agent, settings
+):
+    settings.GATEWAY_FAST_PATH = False
+    ids = [submit(agent, f"general {i}") for i in range(3)]
+    with CaptureQueriesContext(connection) as statements:
+        assert dispatcher.drain(flag=None, worker="test") == 3
+    assert not [q for q in statements.captured_queries if "WITH due AS" in q["sql"]]
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
+    assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
