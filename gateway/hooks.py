@@ -19,6 +19,9 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
   effect disagrees with its command (the saga is frozen).
 - ``dispatch_sender``: the one task that hands an effect to a worker (``gateway.tasks``
   imports the services, which sit above the ledger, so ``GatewayConfig.ready`` binds it).
+- ``due_sender``: tells the workers that dispatch work is due, coalesced: most calls publish
+  nothing while a drainer is on its way (``gateway.dispatcher.announce_due``, bound by
+  ``GatewayConfig.ready``). Submissions use it instead of a message per effect.
 """
 
 from __future__ import annotations
@@ -103,3 +106,4 @@ effect_created: Registry[EffectCreated] = Registry("effect_created")
 dispatch_holds: Registry[DispatchHold] = Registry("dispatch_holds")
 mismatch_found: Registry[MismatchFound] = Registry("mismatch_found")
 dispatch_sender = Sender("dispatch_sender")
+due_sender = Sender("due_sender")

@@ -8,7 +8,8 @@
 - ``append_event()``: an event of the tenant's hash chain;
 - ``record_receipt()``: a provider's operation, as received (dispatch, reconciler, webhook);
 - ``schedule_checks()``: the reconciler's next look at effects (a schedule, not a state);
-- ``enqueue_dispatch()``: hand an effect to a worker, after commit;
+- ``enqueue_dispatch()``: hand an effect to a worker, after commit; ``enqueue_due()``: say
+  after commit that it is due, for whichever worker drains due work next;
 - ``require_role()``, ``backoff()``, ``validate_idempotency_key()``, ``redact()``.
 
 reconciliation, sagas and the webhook outbox sit above: the kernel never imports them; it
@@ -245,6 +246,13 @@ def schedule_checks(effect_ids: Iterable[str], at: datetime, **only: Any) -> int
 def enqueue_dispatch(effect_id: str) -> None:
     # After commit: a worker must never pick up an effect whose row it cannot see yet.
     transaction.on_commit(partial(publish, hooks.dispatch_sender.send, effect_id))
+
+
+def enqueue_due(effect_id: str) -> None:
+    """After commit, tell the workers that dispatch work is due (``hooks.due_sender``): a
+    drainer claims it with whatever else is due. For effects a batch claim may pick up
+    (gateway.fastpath_batch: not a saga's step); the others are handed over one by one."""
+    transaction.on_commit(partial(publish, hooks.due_sender.send, effect_id))
 
 
 def publish(send: Callable[[str], Any], object_id: str) -> None:

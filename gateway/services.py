@@ -264,8 +264,10 @@ def command_submit(
             )
             for listener in hooks.effect_created:
                 listener(effect)
-            if not needs_approval:
-                ledger.enqueue_dispatch(effect.pk)
+            if not needs_approval and saga_id:
+                ledger.enqueue_dispatch(effect.pk)  # a saga's step: sent on its own
+            elif not needs_approval:
+                ledger.enqueue_due(effect.pk)
     except IntegrityError:
         # Another request with this key committed first: it is the one effect for the key.
         existing = _existing_command(principal, idempotency_key, digest)
@@ -311,7 +313,7 @@ def _submit_fast(principal, contract, key, digest, resource, payload, intent, co
     if not written.created:
         _check_replay_digest(written.effect.command, key, digest)
     elif written.effect.status == S.PREPARED:
-        ledger.enqueue_dispatch(written.effect.pk)  # committed (one statement, autocommit)
+        ledger.enqueue_due(written.effect.pk)  # committed (one statement, autocommit)
     return Submission(written.effect, created=written.created)
 
 
@@ -763,6 +765,12 @@ def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
         sent = _dispatch_fast(effect_id, worker)
         if sent is not None:
             return sent
+    return effect_dispatch_general(effect_id=effect_id, worker=worker)
+
+
+def effect_dispatch_general(*, effect_id: str, worker: str) -> bool:
+    """The general path of ``effect_dispatch``: every check read and decided in Python
+    (expire, reject, re-ask approval, escalate, a saga's hold), then send and record."""
     claim = effect_claim(effect_id=effect_id, worker=worker)
     if claim is None:
         return False
@@ -792,28 +800,53 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if claim is None:
         return None
     logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
+    sent = fast_send(claim)
+    if sent.result is None:
+        fast_refuse_tampered(claim, problem=sent.problem, worker=worker)
+        return True
+    failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
+    now = timezone.now()
+    if fastpath.record(
+        claim=claim,
+        result=sent.result,
+        worker=worker,
+        fields=fast_fields(claim, sent.result, now),
+        now=now,
+    ):
+        log_recorded(effect_id, sent.result)
+    else:  # stale, or a compensation / saga / webhook endpoint needs the general record
+        fast_record_general(claim, sent.result, worker=worker)
+    failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
+    return True
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What became of a fast claim: the provider's answer, or (``result`` None) why its
+    payload was not sent."""
+
+    result: CallResult | None
+    problem: str = ""
+
+
+def fast_send(claim: fastpath.FastClaim) -> Sent:
+    """Open and check a fast claim's payload, send it once, settle a 5xx by a lookup. No
+    database access: a drainer runs it on its call pool (gateway.dispatcher)."""
     payload, problem = verified_claimed_payload(
-        effect_id=effect_id,
+        effect_id=claim.effect_id,
         sealed=claim.payload_sealed,
         type=claim.type,
         resource=claim.resource,
         digest=claim.payload_digest,
     )
     if payload is None:
-        effect_refuse_tampered_claim(
-            effect_id=effect_id,
-            fence=claim.fence,
-            attempt_id=claim.attempt_id,
-            problem=problem,
-            actor=f"worker:{worker}",
-        )
-        return True
-    failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
+        return Sent(None, problem)
     contract = get_contract(claim.type)
     assert contract is not None, f"no contract for {claim.type}"
     adapter = adapter_for(contract)
     request = ExecuteRequest(
-        effect_id=effect_id,
+        effect_id=claim.effect_id,
         type=claim.type,
         idempotency_key=claim.provider_key,
         resource=claim.resource,
@@ -826,24 +859,37 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
         result = _settle_by_lookup(adapter, request, contract, result)
     _observe_dispatch(claim.type, result, (timezone.now() - started).total_seconds())
-    failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
-    now = timezone.now()
+    return Sent(result)
+
+
+def fast_refuse_tampered(claim: fastpath.FastClaim, *, problem: str, worker: str) -> None:
+    effect_refuse_tampered_claim(
+        effect_id=claim.effect_id,
+        fence=claim.fence,
+        attempt_id=claim.attempt_id,
+        problem=problem,
+        actor=f"worker:{worker}",
+    )
+
+
+def fast_fields(claim: fastpath.FastClaim, result: CallResult, now) -> dict[str, Any]:
+    """``outcome_fields`` for a fast claim (the counts the claim returned, no row read)."""
     counts = Effect(attempt_count=claim.attempt_number, check_count=claim.check_count)
-    fields = outcome_fields(counts, result, now=now)
-    if fastpath.record(claim=claim, result=result, worker=worker, fields=fields, now=now):
-        logger.info(
-            "effect transition",
-            extra={
-                "effect_id": effect_id,
-                "from": S.DISPATCHING,
-                "to": OUTCOME_STATUS[result.outcome],
-            },
-        )
-    else:  # stale, or a compensation / saga / webhook endpoint needs the general record
-        general = Claim(effect_id, claim.fence, claim.attempt_id, claim.attempt_number)
-        effect_record_outcome(claim=general, result=result, worker=worker)
-    failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
-    return True
+    return outcome_fields(counts, result, now=now)
+
+
+def fast_record_general(claim: fastpath.FastClaim, result: CallResult, *, worker: str) -> None:
+    """Record a fast claim's outcome the general way: a stale claim's refusal, or the writes
+    of a compensation, a saga step or a webhook endpoint."""
+    general = Claim(claim.effect_id, claim.fence, claim.attempt_id, claim.attempt_number)
+    effect_record_outcome(claim=general, result=result, worker=worker)
+
+
+def log_recorded(effect_id: str, result: CallResult) -> None:
+    logger.info(
+        "effect transition",
+        extra={"effect_id": effect_id, "from": S.DISPATCHING, "to": OUTCOME_STATUS[result.outcome]},
+    )
 
 
 def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallResult) -> CallResult:

@@ -329,6 +329,17 @@ GATEWAY_REDELIVER_AFTER = env_number("GATEWAY_REDELIVER_AFTER", 30)
 # The longest the sweeper waits before re-sending an overdue effect's message (it backs off).
 GATEWAY_REDELIVER_MAX = env_number("GATEWAY_REDELIVER_MAX", 300)
 GATEWAY_SWEEP_INTERVAL = env_number("GATEWAY_SWEEP_INTERVAL", 5)
+# Submissions signal "work is due" instead of a message per effect (gateway.dispatcher): a
+# flag in the broker's Redis, held this long at most, stops further signals while a drainer is
+# on its way. A drainer claims up to GATEWAY_DISPATCH_BATCH effects per statement and sends
+# them on GATEWAY_DISPATCH_CALLS threads per worker process.
+GATEWAY_DUE_FLAG_TTL = env_number("GATEWAY_DUE_FLAG_TTL", 1)
+GATEWAY_DISPATCH_BATCH = env_int("GATEWAY_DISPATCH_BATCH", 16)
+GATEWAY_DISPATCH_CALLS = env_int("GATEWAY_DISPATCH_CALLS", 16)
+# The drainer's claim and record statements are prepared on the server (planning them cost more
+# than running them). Behind PgBouncer in transaction mode, use PgBouncer >= 1.21 with
+# max_prepared_statements set, or turn this off.
+GATEWAY_DB_PREPARE = env_bool("GATEWAY_DB_PREPARE", True)
 # Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
 GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
 GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)

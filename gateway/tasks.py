@@ -3,12 +3,20 @@ no-op because every service starts with a compare-and-set."""
 
 from celery import shared_task
 
-from gateway import audit, services
+from gateway import audit, dispatcher, services
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def dispatch_effect(effect_id: str) -> bool:
     return services.effect_dispatch(effect_id=effect_id)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def dispatch_due(self) -> int:
+    """Drain the due effects (gateway.dispatcher); published by ``dispatcher.announce_due``
+    for the submissions of many effects at once. A redelivery drains again: harmless."""
+    flag = None if self.request.is_eager else dispatcher.DueFlag(self.app.conf.task_default_queue)
+    return dispatcher.drain(flag=flag)
 
 
 @shared_task(acks_late=True, ignore_result=True)

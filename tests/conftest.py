@@ -29,6 +29,7 @@ MANY_CONNECTIONS = (
     "tests/sagas/test_concurrency.py",
     "tests/reconciliation/test_concurrency.py",
     "tests/gateway/test_security.py::test_concurrent_submissions_never_overspend_a_budget",
+    "tests/gateway/test_dispatch_batch.py::test_concurrent_drainers",
 )
 
 

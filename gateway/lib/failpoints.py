@@ -2,8 +2,10 @@
 
 Inert unless ``GATEWAY_FAILPOINTS`` is set, e.g. ``dispatch.after_call=2,dispatch.after_claim=1``:
 each named point then kills the process with SIGKILL — no cleanup, no ack, exactly like a
-machine losing power — the first N times any process reaches it. The count lives in files
-under ``<var>/failpoints/`` so that it survives the deaths it causes.
+machine losing power — the first N times any process reaches it. ``name=N@K`` lets the first
+K reaches pass and kills at the N after them (a worker killed in the middle of its work, not
+at its first step). The count lives in files under ``<var>/failpoints/`` so that it survives
+the deaths it causes.
 """
 
 from __future__ import annotations
@@ -16,18 +18,23 @@ from pathlib import Path
 from django.conf import settings
 
 
-@cache
-def _budget() -> dict[str, int]:
-    raw = os.environ.get("GATEWAY_FAILPOINTS", "")
-    budget: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, _, times = item.partition("=")
-        budget[name] = int(times or 1)
+def parse(spec: str) -> dict[str, tuple[int, int]]:
+    """``name=N@K,…`` → {name: (N kills, after K reaches)}."""
+    budget: dict[str, tuple[int, int]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, count = item.partition("=")
+        times, _, skip = count.partition("@")
+        budget[name] = (int(times or 1), int(skip or 0))
     return budget
 
 
+@cache
+def _budget() -> dict[str, tuple[int, int]]:
+    return parse(os.environ.get("GATEWAY_FAILPOINTS", ""))
+
+
 def failpoint(name: str) -> None:
-    times = _budget().get(name)
+    times, skip = _budget().get(name, (0, 0))
     if not times:
         return
     folder = Path(os.environ.get("GATEWAY_FAILPOINT_DIR") or Path(settings.VAR_DIR) / "failpoints")
@@ -39,5 +46,5 @@ def failpoint(name: str) -> None:
         os.write(fd, b".")
     finally:
         os.close(fd)
-    if tally.stat().st_size <= times:
+    if skip < tally.stat().st_size <= skip + times:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -32,6 +32,7 @@ def test_the_ledgers_hooks_are_filled_after_django_setup():
     assert list(hooks.dispatch_holds) == [listeners.FROZEN_SAGA]
     assert list(hooks.mismatch_found) == [listeners.freeze_on_mismatch]
     assert hooks.dispatch_sender.bound
+    assert hooks.due_sender.bound
 
 
 def test_the_console_extensions_are_filled_after_django_setup():

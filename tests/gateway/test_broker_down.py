@@ -19,8 +19,10 @@ def broker_down(monkeypatch):
     def refuse(*args, **kwargs):
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    # The ledger hands effects to the broker through this sender (bound to the task at start).
+    # The ledger hands effects to the broker through these senders (bound to the tasks at
+    # start): one by one, and the coalesced "due" signal of submissions.
     monkeypatch.setattr(hooks.dispatch_sender, "send", refuse)
+    monkeypatch.setattr(hooks.due_sender, "send", refuse)
     return monkeypatch
 
 

@@ -49,6 +49,31 @@ def test_an_effect_costs_at_most_ten_round_trips_and_three_commits(warm, sandbox
     assert counted.commits <= 3, f"{counted.summary()}:\n{report}"
 
 
+def test_a_batch_of_ten_costs_less_per_effect_than_one_effect_alone(warm, sandbox, monkeypatch):
+    """A drainer's batch: one claim statement for the ten, one record statement for the
+    answers that come back together, one claim that finds nothing left. One effect alone (the
+    test above) costs two statements and two commits to dispatch; ten cost three of each."""
+    from django.conf import settings
+
+    from gateway import dispatcher
+
+    _, window = dispatcher._process_state()
+    monkeypatch.setattr(window, "size", settings.GATEWAY_DISPATCH_BATCH)  # a warm worker
+    # The ten answers arrive within a second of the first: recorded together.
+    monkeypatch.setattr(dispatcher, "GATHER_SECONDS", 1.0)
+    dispatcher.drain(flag=None, worker="test")  # the warm-up's effect
+    ids = [warm.submit(ticket(f"batch {i}"), f"b{i}").json()["effect_id"] for i in range(10)]
+    with CaptureQueriesContext(connection) as statements, count_round_trips() as counted:
+        assert dispatcher.drain(flag=None, worker="test") == 10
+    assert set(Effect.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"CONFIRMED"}
+    assert len(sandbox.operations()) == 11  # the warm-up's and these ten, once each
+    assert len(statements.captured_queries) == len(counted.statements)
+    report = "\n".join(query["sql"][:120] for query in statements.captured_queries)
+    print(f"ten effects: {counted.summary()}")
+    assert counted.round_trips <= 3, f"{counted.summary()}:\n{report}"
+    assert counted.commits <= 3, f"{counted.summary()}:\n{report}"
+
+
 def test_the_answer_to_a_submission_is_what_was_written(warm):
     response = warm.submit(ticket("answer"), "t2")
     body = response.json()

@@ -12,6 +12,7 @@ from pathlib import Path
 from django.db import connection
 
 from gateway.choices import SETTLED
+from gateway.lib.failpoints import parse as parse_failpoints
 from gateway.models import Effect
 from gateway.providers.sandbox import SandboxProvider
 from reconciliation.models import Case
@@ -70,11 +71,10 @@ def failpoint_kills(failpoints: str, failpoint_dir: Path) -> int:
     """The kills the failpoints made: each reach writes one byte to the point's tally file
     and kills the process while the tally is within the point's budget."""
     kills = 0
-    for item in filter(None, (part.strip() for part in failpoints.split(","))):
-        name, _, times = item.partition("=")
+    for name, (times, skip) in parse_failpoints(failpoints).items():
         tally = failpoint_dir / name
         reached = tally.stat().st_size if tally.exists() else 0
-        kills += min(reached, int(times or 1))
+        kills += min(max(0, reached - skip), times)
     return kills
 
 

@@ -1,0 +1,359 @@
+"""Dispatch without a message per effect: a coalesced "due" signal, and workers that drain
+due effects in batches.
+
+**The signal.** After its commit, a submission calls ``announce_due``: it sets a flag in Redis
+(``SET NX`` with a short expiry, ``GATEWAY_DUE_FLAG_TTL``) and only when it set the flag does
+it publish a ``dispatch_due`` task. While the flag stands, submissions publish nothing: a
+drainer is on its way or at work, and it will claim their effects.
+
+**The drain** (``drain``, run by the ``dispatch_due`` task): claim up to
+``GATEWAY_DISPATCH_BATCH`` due effects in one statement (gateway.fastpath_batch), send them on
+this process's call pool (``GATEWAY_DISPATCH_CALLS`` threads sharing the adapter's keep-alive
+client), record the answers as they come back, several per statement, and claim again as slots
+free up. When a claim finds nothing, the drainer clears the flag and claims once more; it stops
+claiming when a claim *after* the clear finds nothing, and returns once its calls are
+recorded.
+
+**Why no committed effect is left behind** (the coalescing argument). Take a submission S that
+committed its effect E and then found the flag set (so it published nothing). The flag it saw
+was set by a submission that then published a task T; T's drainer has not yet cleared that
+flag, since it still stood when S looked. The flag goes away in one of two ways:
+
+1. a drainer clears it (T's, or another one's: any drainer clears the flag when it runs out of
+   work). That clear came after S looked, so after E's commit; and every drainer claims again
+   after its clear before it stops. That claim is a new statement with a new snapshot: it sees
+   E. It either claims E, or finds E locked (another claim statement is taking it, or the
+   sweeper is re-sending it), or E is no longer due (cancelled, claimed and sent already);
+2. it expires (``GATEWAY_DUE_FLAG_TTL``) before anyone clears it. T is then still in the
+   queue or its drainer still runs (a long drain): either way T's drainer claims after its own
+   clear, which comes after S looked. Only if T was lost (a broker restart, a worker killed
+   mid-drain) is E not claimed by a drainer; its ``next_dispatch_at`` (set at submission)
+   then makes the dispatch sweeper send it, as it does for any lost message.
+
+A drainer whose window is full (its claims came back full up to its last slot: more may be
+due than it takes at a time) publishes one more ``dispatch_due``, once, so that idle workers
+elsewhere share a backlog; each helper does the same. A publish that fails (broker down)
+clears the flag it set, and the submission still answers 201: the sweeper sends the effect
+when the broker is back.
+
+**Crash safety** is the single dispatch's: each claim statement commits before any of its
+effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
+``dispatch.after_call`` (for each answer, before its record) and ``dispatch.after_record``
+(after each record statement) let the crash test kill a drainer mid-batch; what it claimed
+stays DISPATCHING until its lease runs out, and the reconciler asks the provider before
+anything is sent again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import cache
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from gateway import fastpath, services
+from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
+from gateway.lib.failpoints import failpoint
+
+logger = logging.getLogger(__name__)
+
+# With slow calls in flight and none answering, claim again after this long (new work waits
+# no longer than this behind a slow provider).
+POLL_SECONDS = 0.02
+# After the first answer, wait this long for the other calls of the batch, so that answers
+# arriving together are recorded in one statement.
+GATHER_SECONDS = 0.002
+
+
+# --- the due flag ------------------------------------------------------------------------------
+
+
+@cache
+def _redis() -> redis.Redis:
+    """This process's client of the broker's Redis (its connection pool starts over after a
+    fork). Short timeouts: a submission must not hang on a broker that is down."""
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("redis+socket://"):  # kombu's spelling of a unix socket
+        url = "unix://" + url.removeprefix("redis+socket://")
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+class DueFlag:
+    """The flag of one task queue: set means "a drainer is on its way or at work"."""
+
+    def __init__(self, queue: str) -> None:
+        self.key = f"gateway:dispatch-due:{queue}"
+
+    def set(self) -> bool:
+        """True if this call set it (the caller publishes the task)."""
+        ttl_ms = max(1, int(settings.GATEWAY_DUE_FLAG_TTL * 1000))
+        return bool(_redis().set(self.key, b"1", nx=True, px=ttl_ms))
+
+    def clear(self) -> None:
+        _redis().delete(self.key)
+
+
+def announce_due(task: Any, effect_id: str = "") -> None:
+    """Tell the workers that dispatch work is due (``hooks.due_sender``; ``effect_id`` is the
+    effect that prompted it, for the log only). Publishes ``task`` only if no drainer is on its
+    way; raises if the broker is down (``ledger.publish`` logs it: the sweeper sends later)."""
+    app = task.app
+    if app.conf.task_always_eager:
+        task.delay()  # in process, now: nothing to coalesce
+        return
+    flag = DueFlag(app.conf.task_default_queue)
+    if not flag.set():
+        return  # a drainer will claim after it clears the flag: E is seen (module docstring)
+    try:
+        task.delay()
+    except Exception:
+        with contextlib.suppress(Exception):
+            flag.clear()  # let the next submission publish; if this fails, the flag expires
+        raise
+
+
+# --- the call pool -----------------------------------------------------------------------------
+
+
+class _CallPool:
+    """This process's threads for provider calls, and as many slots: a drainer claims only as
+    many effects as it has slots for, so a claimed effect never waits for a thread (its lease
+    runs from the claim) and a slow provider holds back claims, not attempts."""
+
+    def __init__(self, size: int) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="dispatch-call")
+        self.slots = threading.Semaphore(size)
+
+    def take(self, wanted: int, *, wait_for_one: bool) -> int:
+        """Up to ``wanted`` free slots; with ``wait_for_one``, wait until there is one."""
+        taken = 0
+        if wait_for_one and wanted > 0:
+            self.slots.acquire()
+            taken = 1
+        while taken < wanted and self.slots.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def give(self, count: int) -> None:
+        for _ in range(count):
+            self.slots.release()
+
+
+class _Window:
+    """How many effects a drainer of this process may have claimed and not yet answered: one
+    when the process starts, one more for every answer it records (so it doubles with each
+    round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
+    died waits for its leases to run out and for the reconciler to ask the provider; starting
+    at one bounds that to one effect per life for a worker that keeps dying (a poison payload,
+    an out-of-memory kill), and a healthy worker is at full width after a handful of rounds."""
+
+    def __init__(self) -> None:
+        self.size = 1
+
+    def grow(self, answers: int) -> None:
+        self.size = min(self.size + answers, settings.GATEWAY_DISPATCH_BATCH)
+
+
+_pool_lock = threading.Lock()
+_pool: tuple[int, _CallPool, _Window] | None = None
+
+
+def _process_state() -> tuple[_CallPool, _Window]:
+    """This process's call pool and window, made on first use (a forked worker child makes
+    its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), _CallPool(settings.GATEWAY_DISPATCH_CALLS), _Window())
+        return _pool[1], _pool[2]
+
+
+# --- the drain ---------------------------------------------------------------------------------
+
+
+def drain(*, flag: DueFlag | None, worker: str | None = None, limit: int | None = None) -> int:
+    """Send every due effect, in batches, until a claim finds nothing (see the module
+    docstring). ``flag``: the due flag this drain answers for (None: in process, no flag).
+    Returns how many effects were claimed and sent (refused ones not counted)."""
+    worker = worker or services.worker_name()
+    if not fastpath.enabled():
+        return _drain_general(flag, worker)
+    return _Drainer(flag, worker, limit or settings.GATEWAY_DISPATCH_BATCH).run()
+
+
+class _Drainer:
+    def __init__(self, flag: DueFlag | None, worker: str, limit: int) -> None:
+        self.flag = flag
+        self.worker = worker
+        self.pool, self.window = _process_state()
+        self.limit = limit
+        self.in_flight: dict[Future[services.Sent], BatchClaim] = {}
+        self.skip: list[str] = []  # handed to the general path in this drain
+        self.claiming = True
+        self.cleared = False
+        self.helped = False
+        self.last_claim = 0.0
+        self.last_full = False
+        self.sent = 0
+
+    def _width(self) -> int:
+        return min(self.limit, self.window.size)
+
+    def run(self) -> int:
+        while self.claiming or self.in_flight:
+            if self.claiming and self._claim_now():
+                room = self._width() - len(self.in_flight)
+                slots = self.pool.take(room, wait_for_one=not self.in_flight)
+                if slots:
+                    self._claim(slots)
+                    continue
+            if self.in_flight:
+                self._collect()
+        return self.sent
+
+    def _claim_now(self) -> bool:
+        """Claim when nothing is in flight, when the last claim was full (a backlog), or when
+        calls have been out for a while (new work does not wait behind a slow provider)."""
+        if len(self.in_flight) >= self._width():
+            return False
+        return (
+            not self.in_flight
+            or self.last_full
+            or time.monotonic() - self.last_claim >= POLL_SECONDS
+        )
+
+    def _claim(self, slots: int) -> None:
+        try:
+            batch = claim_batch(limit=slots, worker=self.worker, skip=self.skip)
+        except BaseException:
+            self.pool.give(slots)
+            raise
+        self.pool.give(slots - len(batch.claims))
+        self.last_claim, self.last_full = time.monotonic(), batch.picked == slots
+        if batch.claims:
+            failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
+        for claim in batch.claims:
+            logger.info(
+                "effect claimed", extra={"effect_id": claim.effect_id, "fence": claim.fence}
+            )
+            future = self.pool.executor.submit(self._send, claim)
+            self.in_flight[future] = claim
+        self.sent += len(batch.claims)
+        if self.last_full and len(self.in_flight) >= self.limit and not self.helped:
+            # Only at full width: a window still opening is not a backlog.
+            self._call_for_help()
+        for effect_id in batch.refused:
+            self._general(effect_id)
+        if batch.picked:
+            return
+        if self.flag is None or self.cleared:
+            self.claiming = False  # nothing due, and nobody counts on a later claim of ours
+        else:
+            # Nothing due: clear the flag, then claim once more. That claim starts after the
+            # clear, so it sees every effect whose submission found the flag still set.
+            self.flag.clear()
+            self.cleared = True
+
+    def _send(self, claim: BatchClaim) -> services.Sent:
+        try:
+            return services.fast_send(claim)
+        finally:
+            self.pool.give(1)
+
+    def _call_for_help(self) -> None:
+        """A full window, claimed to the last slot: more may be due than one drainer takes at
+        a time. One more ``dispatch_due``
+        (past the flag, which stands for this drain) lets a worker elsewhere share it; the
+        helper does the same when its own first batch is full."""
+        from gateway.tasks import dispatch_due
+
+        self.helped = True
+        if self.flag is None:
+            return  # in process: this drain takes it all
+        try:
+            dispatch_due.delay()
+        except Exception:
+            logger.warning("could not call for help; draining alone", exc_info=True)
+
+    def _general(self, effect_id: str) -> None:
+        """A picked effect whose checks did not all hold: the general path decides (expire,
+        reject, re-ask approval, escalate, or send it the general way). Never picked again by
+        this drain; an error is logged, not raised, so one poison row cannot stop the drain."""
+        self.skip.append(effect_id)
+        try:
+            services.effect_dispatch_general(effect_id=effect_id, worker=self.worker)
+        except Exception:
+            logger.exception("general dispatch failed", extra={"effect_id": effect_id})
+
+    def _collect(self) -> None:
+        timeout = None
+        if self.claiming and len(self.in_flight) < self._width():
+            timeout = max(0.0, POLL_SECONDS - (time.monotonic() - self.last_claim))
+        done, pending = wait(self.in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
+        if not done:
+            return
+        if pending:  # answers arriving together go into one statement
+            more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
+            done |= more
+        self._record(done)
+
+    def _record(self, done: set[Future[services.Sent]]) -> None:
+        now = timezone.now()
+        answers: list[Answer] = []
+        for future in done:
+            claim = self.in_flight.pop(future)
+            try:
+                sent = future.result()
+            except Exception:
+                # Claimed, maybe sent: left DISPATCHING for lease recovery and a lookup.
+                logger.exception("dispatch call failed", extra={"effect_id": claim.effect_id})
+                continue
+            failpoint("dispatch.after_call")  # the provider may have committed; not recorded
+            if sent.result is None:
+                services.fast_refuse_tampered(claim, problem=sent.problem, worker=self.worker)
+                continue
+            if claim.compensates:  # its record settles the original: the general way
+                services.fast_record_general(claim, sent.result, worker=self.worker)
+                continue
+            fields = services.fast_fields(claim, sent.result, now)
+            answers.append(Answer(claim, sent.result, fields))
+        if not answers:
+            return
+        written = record_batch(answers=answers, worker=self.worker, now=now)
+        for answer in answers:
+            if answer.claim.effect_id in written:
+                services.log_recorded(answer.claim.effect_id, answer.result)
+            else:  # stale, or a webhook endpoint of its tenant needs its outbox row
+                services.fast_record_general(answer.claim, answer.result, worker=self.worker)
+        failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged
+        self.window.grow(len(answers))
+
+
+def _drain_general(flag: DueFlag | None, worker: str) -> int:
+    """The drain with the fast path off (a listener it does not account for): the due
+    effects one by one through the general path, same flag protocol."""
+    from gateway.fastpath_batch import due_effect_ids
+
+    seen: list[str] = []
+    sent = 0
+    cleared = flag is None
+    while True:
+        batch = due_effect_ids(limit=settings.GATEWAY_DISPATCH_BATCH, skip=seen)
+        if not batch:
+            if cleared:
+                return sent
+            assert flag is not None
+            flag.clear()
+            cleared = True
+            continue
+        for effect_id in batch:
+            seen.append(effect_id)
+            sent += services.effect_dispatch_general(effect_id=effect_id, worker=worker)

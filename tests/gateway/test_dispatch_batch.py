@@ -1,0 +1,423 @@
+"""Batch dispatch (gateway.dispatcher, gateway.fastpath_batch): a drainer claims many due
+effects per statement, sends them concurrently and records their answers in batches. The
+sandbox's operation log is the oracle for "sent once"; the single claim of gateway.fastpath is
+the oracle for "the same checks"."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from gateway import capabilities, dispatcher, fastpath, fastpath_batch, hooks, services
+from gateway.models import Attempt, Capability, Effect, EffectEvent, Principal
+from tests.conftest import REFUND, TICKET, Persona
+
+pytestmark = pytest.mark.django_db
+
+
+def ticket(title: str, **extra) -> dict:
+    return {**TICKET, "payload": {**TICKET["payload"], "title": title}, **extra}
+
+
+def submit(persona: Persona, title: str, **extra) -> str:
+    response = persona.submit(ticket(title, **extra), f"key:{title}")
+    assert response.status_code == 201, response.json()
+    return response.json()["effect_id"]
+
+
+def approved_refund(agent: Persona, approver: Persona, title: str, *, age: float = 0) -> str:
+    """A refund over the approval threshold, approved ``age`` seconds ago."""
+    body = {**REFUND, "payload": {**REFUND["payload"], "amount": 50_000, "reason": title}}
+    response = agent.submit(body, f"key:{title}")
+    assert response.json()["status"] == "AWAITING_APPROVAL"
+    effect = Effect.objects.select_related("command").get(pk=response.json()["effect_id"])
+    services.effect_approve(
+        effect=effect, principal=approver.principal, payload_digest=effect.command.payload_digest
+    )
+    Effect.objects.filter(pk=effect.pk).update(approved_at=timezone.now() - timedelta(seconds=age))
+    return effect.pk
+
+
+def status(effect_id: str) -> str:
+    return Effect.objects.get(pk=effect_id).status
+
+
+def sent_keys(sandbox) -> Counter[str]:
+    return Counter(op["idempotency_key"] for op in sandbox.operations())
+
+
+def key_of(effect_id: str) -> str:
+    return Effect.objects.select_related("command").get(pk=effect_id).command.provider_key
+
+
+@pytest.fixture
+def full_window():
+    """A worker process that has recorded a few batches: its window is at full width."""
+    _, window = dispatcher._process_state()
+    previous, window.size = window.size, django_settings.GATEWAY_DISPATCH_BATCH
+    yield window
+    window.size = previous
+
+
+def test_a_drain_sends_every_due_effect_once_and_claims_them_in_one_statement(
+    sandbox, agent, full_window
+):
+    ids = [submit(agent, f"t{i}") for i in range(12)]
+    with CaptureQueriesContext(connection) as statements:
+        assert dispatcher.drain(flag=None, worker="test") == 12
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
+    assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
+    for effect_id in ids:
+        assert Attempt.objects.filter(effect_id=effect_id).count() == 1
+        assert EffectEvent.objects.filter(effect_id=effect_id, kind="claimed").count() == 1
+        assert EffectEvent.objects.filter(effect_id=effect_id, kind="dispatched").count() == 1
+    claims = [q for q in statements.captured_queries if "WITH due AS" in q["sql"]]
+    # One claim for the twelve, one that finds nothing left.
+    assert len(claims) == 2, [q["sql"][:60] for q in statements.captured_queries]
+
+
+def test_the_window_opens_one_effect_at_a_time(sandbox, agent):
+    """A fresh worker process claims one effect, then more as answers come back: a worker
+    that keeps dying strands one claim per life, not a batch."""
+    _, window = dispatcher._process_state()
+    previous, window.size = window.size, 1
+    try:
+        ids = [submit(agent, f"t{i}") for i in range(7)]
+        assert dispatcher.drain(flag=None, worker="test") == 7
+        claims = Counter(
+            Attempt.objects.filter(effect_id__in=ids).values_list("started_at", flat=True)
+        )
+        sizes = [claims[started] for started in sorted(claims)]
+        assert sizes[0] == 1 and sizes[1] <= 2, sizes
+        assert window.size == 8  # one more per answer recorded
+    finally:
+        window.size = previous
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
+
+
+def test_a_batch_sends_what_it_may_and_leaves_or_hands_over_the_rest(
+    sandbox, agent, approver, operator, full_window, settings
+):
+    plain = [submit(agent, "plain 1"), submit(agent, "plain 2")]
+    approved = approved_refund(agent, approver, "approved")
+    frozen = submit(agent, "frozen")
+    services.effect_set_frozen(
+        effect=Effect.objects.select_related("command").get(pk=frozen),
+        principal=operator.principal,
+        frozen=True,
+    )
+    over_budget = submit(agent, "over budget")
+    Effect.objects.filter(pk=over_budget).update(
+        status="NOT_STARTED", attempt_count=5, next_dispatch_at=timezone.now()
+    )
+    expired = submit(agent, "expired", expires_in=1)
+    approval_old = approved_refund(
+        agent, approver, "approval too old", age=settings.GATEWAY_APPROVAL_TTL + 5
+    )
+    saga_step = services.command_submit(
+        principal=agent.principal,
+        idempotency_key="saga step",
+        type="ticket.create",
+        resource=TICKET["resource"],
+        payload={"title": "saga step", "priority": "P3"},
+        saga_id="saga_none",
+        saga_step="notify",
+    ).effect.pk
+    revoked_agent = Persona("acme", "revoked-bot", "agent")
+    revoked = submit(revoked_agent, "revoked")
+    Capability.objects.filter(principal=revoked_agent.principal).update(revoked_at=timezone.now())
+    frozen_agent = Persona("acme", "frozen-bot", "agent")
+    held = submit(frozen_agent, "principal frozen")
+    capabilities.principal_set_frozen(
+        target=frozen_agent.principal, principal=operator.principal, frozen=True
+    )
+    time.sleep(1.1)  # "expired" runs out
+
+    assert dispatcher.drain(flag=None, worker="test") == 3
+
+    assert [status(e) for e in [*plain, approved]] == ["CONFIRMED"] * 3
+    assert status(frozen) == "PREPARED"  # held: not even locked
+    assert status(held) == "PREPARED"
+    assert status(saga_step) == "PREPARED"  # a saga's steps are sent one by one
+    # Picked, not claimed: the general path decided each.
+    assert status(expired) == "EXPIRED"
+    assert status(revoked) == "REJECTED"
+    assert status(approval_old) == "AWAITING_APPROVAL"
+    budget = Effect.objects.get(pk=over_budget)
+    assert (budget.status, budget.escalated, budget.next_dispatch_at) == ("NOT_STARTED", True, None)
+    assert sent_keys(sandbox) == Counter({key_of(e): 1 for e in [*plain, approved]})
+
+
+REFUSALS = {
+    # held: not picked at all
+    "frozen": True,
+    "principal frozen": True,
+    "type frozen": True,
+    "saga step": True,
+    # picked, and handed to the general path
+    "over budget": False,
+    "expired": False,
+    "revoked": False,
+    "approval too old": False,
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_the_batch_claim_refuses_what_the_single_claim_refuses(
+    case, sandbox, agent, approver, operator, full_window, settings
+):
+    if case == "approval too old":
+        effect_id = approved_refund(agent, approver, case, age=settings.GATEWAY_APPROVAL_TTL + 5)
+    elif case == "saga step":
+        effect_id = services.command_submit(
+            principal=agent.principal,
+            idempotency_key=case,
+            type="ticket.create",
+            resource=TICKET["resource"],
+            payload={"title": case, "priority": "P3"},
+            saga_id="saga_none",
+            saga_step="notify",
+        ).effect.pk
+    else:
+        effect_id = submit(agent, case, **({"expires_in": 1} if case == "expired" else {}))
+    before = status(effect_id)
+    if case == "frozen":
+        Effect.objects.filter(pk=effect_id).update(frozen=True)
+    elif case == "principal frozen":
+        Principal.objects.filter(pk=agent.principal.pk).update(frozen=True)
+    elif case == "type frozen":
+        capabilities.effect_type_set_frozen(
+            tenant_id=agent.principal.tenant_id,
+            effect_type="ticket.create",
+            principal=operator.principal,
+            frozen=True,
+        )
+    elif case == "over budget":
+        Effect.objects.filter(pk=effect_id).update(attempt_count=5)
+    elif case == "expired":
+        time.sleep(1.1)
+    elif case == "revoked":
+        Capability.objects.filter(principal=agent.principal).update(revoked_at=timezone.now())
+    assert fastpath.claim(effect_id=effect_id, worker="single") is None
+    batch = fastpath_batch.claim_batch(limit=16, worker="batch")
+    assert batch.claims == []
+    assert batch.refused == ([] if REFUSALS[case] else [effect_id])
+    assert status(effect_id) == before == "PREPARED"
+    assert sandbox.log() == []
+
+
+def test_a_not_started_effect_waits_for_its_backoff(sandbox, agent, full_window):
+    effect_id = submit(agent, "retry later")
+    later = timezone.now() + timedelta(seconds=60)
+    Effect.objects.filter(pk=effect_id).update(status="NOT_STARTED", next_dispatch_at=later)
+    assert fastpath_batch.claim_batch(limit=16, worker="test").picked == 0
+    Effect.objects.filter(pk=effect_id).update(next_dispatch_at=timezone.now())
+    assert dispatcher.drain(flag=None, worker="test") == 1
+    assert status(effect_id) == "CONFIRMED"
+
+
+def test_a_stale_batch_record_writes_nothing_and_the_refusal_is_recorded(sandbox, agent):
+    from gateway.choices import Outcome
+    from gateway.providers.base import CallResult
+
+    effect_id = submit(agent, "slow worker")
+    (claim,) = fastpath_batch.claim_batch(limit=1, worker="slow").claims
+    # Meanwhile the lease ran out: recovery made it UNKNOWN and moved the fence on.
+    Effect.objects.filter(pk=effect_id).update(status="UNKNOWN", fence=claim.fence + 1)
+    late = CallResult(Outcome.CONFIRMED, "provider status succeeded", http_status=201)
+    answer = fastpath_batch.Answer(claim, late, {"confirmed_at": timezone.now()})
+    assert fastpath_batch.record_batch(answers=[answer], worker="slow", now=timezone.now()) == set()
+    services.fast_record_general(claim, late, worker="slow")
+    assert status(effect_id) == "UNKNOWN"
+    assert EffectEvent.objects.filter(effect_id=effect_id, kind="stale_write_refused").exists()
+    assert Attempt.objects.get(pk=claim.attempt_id).state == "stale"
+
+
+def test_a_compensation_claimed_in_a_batch_settles_its_original(
+    sandbox, agent, operator, full_window
+):
+    original = submit(agent, "to compensate")
+    assert dispatcher.drain(flag=None, worker="test") == 1
+    effect = Effect.objects.select_related("command").get(pk=original)
+    compensation = services.effect_compensate(
+        effect=effect, principal=operator.principal, reason="opened by mistake"
+    ).effect.pk
+    assert dispatcher.drain(flag=None, worker="test") == 1
+    assert status(compensation) == "CONFIRMED"
+    assert status(original) == "COMPENSATED"
+
+
+def test_the_batched_statements_fit_psycopgs_parse_cache():
+    from psycopg import _queries
+
+    for statement in (fastpath_batch._CLAIM_BATCH, fastpath_batch._RECORD_BATCH):
+        assert len(statement.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+
+
+# --- the due signal ----------------------------------------------------------------------------
+
+
+class FakeTask:
+    """dispatch_due as announce_due sees it: an app's queue, and delay()."""
+
+    def __init__(self, queue: str, *, fail: bool = False) -> None:
+        from types import SimpleNamespace
+
+        self.app = SimpleNamespace(
+            conf=SimpleNamespace(task_always_eager=False, task_default_queue=queue)
+        )
+        self.published = 0
+        self.fail = fail
+
+    def delay(self) -> None:
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.published += 1
+
+
+@pytest.fixture
+def queue():
+    from tests.support.processes import new_queue
+
+    name = new_queue()
+    yield name
+    dispatcher.DueFlag(name).clear()
+
+
+def test_while_the_flag_stands_submissions_publish_nothing(queue):
+    task = FakeTask(queue)
+    for index in range(5):
+        dispatcher.announce_due(task, f"eff_{index}")
+    assert task.published == 1
+    dispatcher.DueFlag(queue).clear()  # a drainer ran out of work
+    dispatcher.announce_due(task, "eff_next")
+    assert task.published == 2
+
+
+def test_a_failed_publish_lowers_the_flag_it_raised(queue):
+    with pytest.raises(ConnectionError):
+        dispatcher.announce_due(FakeTask(queue, fail=True), "eff_1")
+    task = FakeTask(queue)
+    dispatcher.announce_due(task, "eff_2")
+    assert task.published == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_that_finds_the_flag_set_is_claimed_by_the_drainer_that_clears_it(
+    sandbox, agent, queue, monkeypatch, full_window
+):
+    """The coalescing argument of gateway.dispatcher, in its tightest spot: a submission
+    commits while the drainer, out of work, is about to clear the flag. It finds the flag set
+    and publishes nothing; the drainer's claim after its clear must take it — no sweeper."""
+    task = FakeTask(queue)
+    monkeypatch.setattr(hooks.due_sender, "_send", lambda effect_id: None)
+    first = submit(agent, "first")
+    dispatcher.announce_due(task, first)
+    assert task.published == 1  # the task a drainer now runs
+    flag = dispatcher.DueFlag(queue)
+    late: list[str] = []
+    real_clear = flag.clear
+
+    def commit_then_clear() -> None:
+        # The drainer's last claim found nothing; before its clear, a submission commits.
+        late.append(submit(agent, "racing"))
+        dispatcher.announce_due(task, late[0])
+        real_clear()
+
+    monkeypatch.setattr(flag, "clear", commit_then_clear)
+    dispatcher.drain(flag=flag, worker="test")
+    assert task.published == 1  # the racing submission found the flag set
+    assert status(first) == "CONFIRMED"
+    assert status(late[0]) == "CONFIRMED"
+    assert sent_keys(sandbox) == Counter({key_of(first): 1, key_of(late[0]): 1})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broker_that_is_down_for_the_flag_still_answers_201(sandbox, agent, monkeypatch):
+    import redis
+
+    from gateway.celery import app
+
+    # The flag's Redis refuses connections (not in eager mode, where no flag is used).
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    monkeypatch.setattr(dispatcher, "_redis", lambda: dead)
+    created = agent.submit(ticket("flag down"), "flag-down")
+    assert created.status_code == 201, created.content
+    effect_id = created.json()["effect_id"]
+    assert status(effect_id) == "PREPARED"
+    assert sandbox.log() == []
+    # The sweeper sends it once it is due (one by one, no flag involved), here in process.
+    previous, app.conf.task_always_eager = app.conf.task_always_eager, True
+    try:
+        Effect.objects.filter(pk=effect_id).update(next_dispatch_at=timezone.now())
+        assert services.dispatch_sweep() == 1
+    finally:
+        app.conf.task_always_eager = previous
+    assert status(effect_id) == "CONFIRMED"
+    assert sent_keys(sandbox) == Counter({key_of(effect_id): 1})
+
+
+# --- races on real threads ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_drainers_and_single_dispatches_send_each_effect_once(
+    sandbox, agent, monkeypatch, full_window, settings
+):
+    import random
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(hooks.due_sender, "_send", lambda effect_id: None)
+    sandbox.add_fault("slow", times=None, seconds=0.05)  # calls overlap the other claims
+    settings.GATEWAY_PROVIDER_TIMEOUT = 5
+    ids = [submit(agent, f"race {i}") for i in range(40)]
+    barrier = threading.Barrier(8)
+    flag = dispatcher.DueFlag(f"race-{random.random()}")
+
+    def drainer(index: int) -> int:
+        try:
+            barrier.wait()
+            return dispatcher.drain(flag=flag if index % 2 else None, worker=f"drainer{index}")
+        finally:
+            connection.close()
+
+    def single(index: int) -> int:
+        try:
+            barrier.wait()
+            order = random.Random(index).sample(ids, len(ids))
+            return sum(
+                services.effect_dispatch(effect_id=e, worker=f"single{index}") for e in order
+            )
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        drained = [pool.submit(drainer, i) for i in range(4)]
+        singles = [pool.submit(single, i) for i in range(4)]
+        claimed = sum(f.result() for f in drained) + sum(f.result() for f in singles)
+    assert claimed == len(ids)  # each effect claimed by exactly one of them
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
+    assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
+    for effect_id in ids:
+        assert Attempt.objects.filter(effect_id=effect_id).count() == 1
+        assert EffectEvent.objects.filter(effect_id=effect_id, kind="claimed").count() == 1
+
+
+def test_with_the_fast_path_off_a_drain_sends_each_due_effect_the_general_way(
+    sandbox, agent, settings
+):
+    settings.GATEWAY_FAST_PATH = False
+    ids = [submit(agent, f"general {i}") for i in range(3)]
+    with CaptureQueriesContext(connection) as statements:
+        assert dispatcher.drain(flag=None, worker="test") == 3
+    assert not [q for q in statements.captured_queries if "WITH due AS" in q["sql"]]
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
+    assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
