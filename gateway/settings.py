@@ -94,6 +94,9 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Before anything reads the request: NUL, bad charsets, chunked bodies are a 4xx.
     "gateway.input_guard.InputGuardMiddleware",
+    # An agent's submission and effect read with a bearer token are served here, without the
+    # console's middlewares below nor DRF's request machinery (gateway.api.lane).
+    "gateway.api.lane.ApiLaneMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # Locked logins are 429 before any password is checked (gateway.lockout).
