@@ -146,6 +146,14 @@ DATABASES = {
         conn_health_checks=env_bool("GATEWAY_DB_HEALTH_CHECKS", False),
     )
 }
+# psycopg prepares a statement after this many executions on a connection (its default), but
+# only on a cursor that binds on the server: Django's bind on the client and never prepare; the
+# submission statement's does (gateway.fastpath), and PostgreSQL then stops planning it at every
+# execution. Off (GATEWAY_DB_PREPARE=false) for a pooler that cannot keep protocol-level
+# prepared statements (PgBouncer before 1.21, or without max_prepared_statements).
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+    5 if env_bool("GATEWAY_DB_PREPARE", True) else None
+)
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
