@@ -13,9 +13,11 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from gateway.choices import EffectClass
+from gateway.lib import jsonin
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
@@ -125,6 +127,12 @@ class EffectContract:
     # The provider's own console for one operation, as a template of ``{base}`` (the
     # provider's URL), ``{provider_key}`` and ``{operation_id}``; None: it has none.
     console_url: str | None = None
+
+    @cached_property
+    def payload_validator(self) -> Any:
+        """The validator of ``payload_schema``, built once per process instead of at every
+        submission (building it cost more than validating)."""
+        return jsonin.payload_validator(self.payload_schema)
 
     def requires_approval(self, payload: Mapping[str, Any]) -> bool:
         return self.approval.requires_approval(payload)

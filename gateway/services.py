@@ -59,7 +59,6 @@ from gateway.integrity import (
 from gateway.ledger import MAX_KEY_LENGTH as MAX_KEY_LENGTH
 from gateway.ledger import REDACTED as REDACTED
 from gateway.ledger import redact as redact
-from gateway.lib import jsonin
 from gateway.lib.digest import payload_digest
 from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import seal_bound
@@ -120,8 +119,9 @@ def _validate_submission(
     if not isinstance(payload, dict):
         errors["payload"] = ["must be an object"]
     elif contract:
-        validator = jsonin.payload_validator(contract.payload_schema)
-        for error in sorted(validator.iter_errors(payload), key=lambda e: list(e.path)):
+        for error in sorted(
+            contract.payload_validator.iter_errors(payload), key=lambda e: list(e.path)
+        ):
             path = ".".join(str(part) for part in error.path)
             errors.setdefault(f"payload.{path}" if path else "payload", []).append(error.message)
     if intent is not None and not isinstance(intent, dict):

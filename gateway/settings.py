@@ -94,6 +94,9 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Before anything reads the request: NUL, bad charsets, chunked bodies are a 4xx.
     "gateway.input_guard.InputGuardMiddleware",
+    # An agent's submission and effect read with a bearer token are served here, without the
+    # console's middlewares below nor DRF's request machinery (gateway.api.lane).
+    "gateway.api.lane.ApiLaneMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # Locked logins are 429 before any password is checked (gateway.lockout).
@@ -143,6 +146,16 @@ DATABASES = {
         conn_health_checks=env_bool("GATEWAY_DB_HEALTH_CHECKS", False),
     )
 }
+# The hot statements are prepared on the server: planning them cost PostgreSQL more than
+# running them. psycopg prepares a statement after this many executions on a connection, but
+# only on a cursor that binds on the server: Django's bind on the client and never prepare; the
+# submission's (gateway.fastpath) and the drainer's claim and record (gateway.fastpath_batch)
+# do. Off (GATEWAY_DB_PREPARE=false) for a pooler that cannot keep protocol-level prepared
+# statements (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
+GATEWAY_DB_PREPARE = env_bool("GATEWAY_DB_PREPARE", True)
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+    5 if GATEWAY_DB_PREPARE else None
+)
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -336,10 +349,6 @@ GATEWAY_SWEEP_INTERVAL = env_number("GATEWAY_SWEEP_INTERVAL", 5)
 GATEWAY_DUE_FLAG_TTL = env_number("GATEWAY_DUE_FLAG_TTL", 1)
 GATEWAY_DISPATCH_BATCH = env_int("GATEWAY_DISPATCH_BATCH", 16)
 GATEWAY_DISPATCH_CALLS = env_int("GATEWAY_DISPATCH_CALLS", 16)
-# The drainer's claim and record statements are prepared on the server (planning them cost more
-# than running them). Behind PgBouncer in transaction mode, use PgBouncer >= 1.21 with
-# max_prepared_statements set, or turn this off.
-GATEWAY_DB_PREPARE = env_bool("GATEWAY_DB_PREPARE", True)
 # Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
 GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
 GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)

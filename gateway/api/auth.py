@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from django.utils import timezone
@@ -106,6 +107,24 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
     """Per token (or per console login) request rate, GATEWAY_TOKEN_RATE."""
 
     scope = "token"
+
+    def allow_request(self, request, view):
+        """DRF's sliding log (SimpleRateThrottle.allow_request, the same steps), kept as an
+        array of doubles instead of a list of floats: the cache pickles the whole log at
+        every request, and a token near its rate holds thousands of entries. A list of 4,000
+        cost 0.3 ms to read and write back, the array 0.012 ms (docs/reliability.md)."""
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        self.history = array("d", self.cache.get(self.key, ()))
+        self.now = self.timer()
+        while self.history and self.history[-1] <= self.now - self.duration:
+            self.history.pop()
+        if len(self.history) >= self.num_requests:
+            return self.throttle_failure()
+        return self.throttle_success()
 
     def get_cache_key(self, request, view):
         auth = request.auth

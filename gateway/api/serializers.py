@@ -79,10 +79,10 @@ def _flag(value):
     return None if value is None else bool(value)
 
 
-def _when(value):
+def _when(value, zone=None):
     if not value:
         return None
-    text = value.astimezone(timezone.get_current_timezone()).isoformat()
+    text = value.astimezone(zone or timezone.get_current_timezone()).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
@@ -164,6 +164,7 @@ class EffectSerializer(serializers.ModelSerializer):
         shape, so a field added above and not here fails it."""
         command = effect.command
         viewer = self._viewer()
+        zone = timezone.get_current_timezone()  # once, not per timestamp
         visible = viewer is not None and selectors.may_see_payload(viewer, effect)
         if visible:
             clear = getattr(effect, "_clear_payload", None)  # just submitted: no decryption
@@ -187,10 +188,10 @@ class EffectSerializer(serializers.ModelSerializer):
             "owner": _text(effect.owner),
             "requested_by": _text(command.requested_by.name),
             "attempts": None if effect.attempt_count is None else int(effect.attempt_count),
-            "expires_at": _when(command.expires_at),
-            "created_at": _when(effect.created_at),
-            "updated_at": _when(effect.updated_at),
-            "status_changed_at": _when(effect.status_changed_at),
+            "expires_at": _when(command.expires_at, zone),
+            "created_at": _when(effect.created_at, zone),
+            "updated_at": _when(effect.updated_at, zone),
+            "status_changed_at": _when(effect.status_changed_at, zone),
             "frozen": _flag(effect.frozen),
             "mismatch": _flag(effect.mismatch),
             "escalated": _flag(effect.escalated),

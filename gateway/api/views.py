@@ -281,7 +281,6 @@ def _wait_for_change(effect: Effect, seconds: float) -> Effect:
             break
         time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
         pause = min(pause * 2, 0.5)
-    effect.refresh_from_db()
     return Effect.objects.select_related(
         "command", "command__requested_by", "approved_by", "tenant"
     ).get(pk=effect.pk)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -39,8 +40,11 @@ __all__ = ["InvalidToken", "open_bound", "open_json", "seal_bound", "seal_json"]
 BOUND_PREFIX = "g1:"
 
 
-def _development_key() -> str:
-    path = settings.VAR_DIR / "vault.key"
+@cache
+def _development_key(path: Path) -> str:
+    """The development key under ``var/``, read once per process: every seal and opening
+    asked for it, and reading the file was two thirds of a seal's cost. Nothing rewrites it
+    (a rotation puts keys in GATEWAY_VAULT_KEY)."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -54,7 +58,7 @@ def _raw_keys() -> str:
     if not raw:
         if os.environ.get("GATEWAY_PRODUCTION", "").lower() in {"1", "true", "yes"}:
             raise ImproperlyConfigured("GATEWAY_VAULT_KEY is required in production")
-        raw = _development_key()
+        raw = _development_key(settings.VAR_DIR / "vault.key")
     return raw
 
 

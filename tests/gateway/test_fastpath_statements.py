@@ -15,3 +15,21 @@ from gateway import fastpath
 def test_hot_statements_fit_psycopgs_parse_cache(name):
     statement = getattr(fastpath, name)
     assert len(statement.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH, len(statement)
+
+
+@pytest.mark.django_db
+def test_the_submission_statement_is_prepared_on_its_connection(agent):
+    """Planned once per connection, not at every execution (GATEWAY_DB_PREPARE): after a few
+    submissions on one connection PostgreSQL holds it as a prepared statement."""
+    from django.db import connection
+
+    from tests.conftest import TICKET
+
+    for n in range(7):
+        assert agent.submit(TICKET, f"prepared-{n % 2}").status_code in (200, 201)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements "
+            "WHERE statement LIKE 'WITH cmd AS ( INSERT INTO gateway_command%%'"
+        )
+        assert cursor.fetchone()[0] >= 1

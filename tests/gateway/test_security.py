@@ -384,6 +384,31 @@ def test_a_token_over_its_rate_gets_429(agent, settings):
         cache.clear()
 
 
+def test_a_rate_log_written_before_the_compact_one_still_counts(agent):
+    """The log was a list before it became an array (gateway.api.auth): a web node upgraded
+    while the shared cache holds lists reads them, and the rate holds across the change."""
+    import time
+
+    from django.core.cache import cache
+    from rest_framework.throttling import SimpleRateThrottle
+
+    from gateway.api.auth import TokenRateThrottle
+
+    cache.clear()
+    rates = {**SimpleRateThrottle.THROTTLE_RATES, "token": "3/min"}
+    original = SimpleRateThrottle.THROTTLE_RATES
+    SimpleRateThrottle.THROTTLE_RATES = rates
+    try:
+        token = ApiToken.objects.get(principal=agent.principal)
+        key = TokenRateThrottle.cache_format % {"scope": "token", "ident": f"token:{token.pk}"}
+        cache.set(key, [time.time() - 1, time.time() - 2], 60)
+        assert agent.client.get("/api/v1/effects").status_code == 200
+        assert agent.client.get("/api/v1/effects").status_code == 429
+    finally:
+        SimpleRateThrottle.THROTTLE_RATES = original
+        cache.clear()
+
+
 def test_security_headers(agent):
     response = agent.client.get("/api/v1/effects")
     assert response.headers["X-Content-Type-Options"] == "nosniff"
