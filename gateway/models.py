@@ -9,8 +9,9 @@ transaction.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Func, Q
 
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -163,9 +164,52 @@ class AuditChainHead(models.Model):
     length = models.BigIntegerField(default=0)
     # When the last batch was sealed.
     sealed_at = models.DateTimeField(null=True, blank=True)
+    # Every event of the tenant whose ``txid`` is below this is sealed (or was rolled back and
+    # never existed): the sequencer looks for unsealed events from here on (gateway.audit).
+    floor_txid = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"chain of {self.tenant_id} at {self.length}"
+
+
+class AuditBatch(models.Model):
+    """One pass of the audit sequencer over a tenant: the events it found committed and not
+    yet sealed, as the next links of the tenant's hash chain, in one row. Events are never
+    rewritten to seal them (gateway.audit); like them, a batch is never updated or deleted."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # The chain positions (1, 2, …) of its first and last link.
+    first = models.BigIntegerField()
+    last = models.BigIntegerField()
+    # Its events in chain order, and each one's link hash (32 bytes each, end to end), so that
+    # verification names the first event that no longer matches its link.
+    event_ids = ArrayField(models.BigIntegerField())
+    links = models.BinaryField()
+    # The chain's head before this batch, and after it (its last link, hex).
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    # The highest ``txid`` among its events: the sequencer's search for unsealed events at or
+    # above a floor only has to exclude the events of batches that reach the floor.
+    max_txid = models.BigIntegerField()
+    sealed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # The chain in order, and the batch holding a given position (checkpoints).
+            models.UniqueConstraint(fields=["tenant", "last"], name="audit_batch_chain"),
+        ]
+        indexes = [
+            # The sequencer: the batches that reach its floor (gateway.audit.seal_tenant).
+            models.Index(fields=["tenant", "max_txid"], name="audit_batch_reach"),
+        ]
+
+    def __str__(self) -> str:
+        return f"links {self.first}-{self.last} of {self.tenant_id}"
+
+
+# The inserting transaction's id, as a bigint continuous across clusters (gateway migration
+# 0013 defines the function; ``manage.py audit_rebase`` moves it on after a logical restore).
+CURRENT_TXID = Func(function="gateway_txid", output_field=models.BigIntegerField())
 
 
 class Command(models.Model):
@@ -434,30 +478,20 @@ class EffectEvent(models.Model):
     # Evidence only (ids, status codes, digests); never the payload.
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
-    # The tenant's hash chain: hash = sha256(prev_hash + canonical JSON of this event), written
-    # once by the sequencer (gateway.audit.seal_tenant) after the event committed; empty until
-    # then. ``position`` is the event's place in the chain (1, 2, …), in commit-visible order.
-    prev_hash = models.CharField(max_length=64, blank=True, default="")
-    hash = models.CharField(max_length=64, blank=True, default="")
-    position = models.BigIntegerField(null=True, blank=True)
-    sealed_at = models.DateTimeField(null=True, blank=True)
+    # The id of the transaction that inserted it (set by the database). An event is sealed into
+    # its tenant's hash chain by an AuditBatch that names it, never by writing to it; the
+    # sequencer finds the unsealed ones among those at or above its floor (gateway.audit).
+    # NULL for events sealed before gateway migration 0013.
+    txid = models.BigIntegerField(null=True, editable=False, db_default=CURRENT_TXID)
 
     class Meta:
         indexes = [
             models.Index(fields=["effect", "id"]),
-            models.Index(fields=["tenant", "id"], name="event_chain_order"),
-            # The sequencer's queue: a tenant's committed events not yet sealed.
+            # The sequencer's search for unsealed events: a tenant's events from its floor on.
             models.Index(
-                fields=["tenant", "id"],
-                name="event_unsealed",
-                condition=models.Q(position__isnull=True),
-            ),
-        ]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["tenant", "position"],
-                name="event_chain_position",
-                condition=models.Q(position__isnull=False),
+                fields=["tenant", "txid"],
+                name="event_seal_queue",
+                condition=models.Q(txid__isnull=False),
             ),
         ]
 
