@@ -168,9 +168,9 @@ WITH cmd AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT %(tenant)s, effect_id, '', 'submitted', '', %(status)s, %(actor)s, %(principal)s,
-        %(reason)s, %(event_data)s::jsonb, %(now)s, '', ''
+        %(reason)s, %(event_data)s::jsonb, %(now)s
     FROM eff
     RETURNING effect_id
 ), existing AS (
@@ -366,9 +366,9 @@ WITH old AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT tenant_id, effect_id, '', 'claimed', from_status, 'DISPATCHING', %(actor)s, NULL,
-           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s, '', ''
+           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s
       FROM claimed
 ), attempt AS (
     INSERT INTO gateway_attempt (
@@ -448,9 +448,9 @@ WITH recorded AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT tenant_id, effect_id, '', 'dispatched', 'DISPATCHING', %(to)s, %(actor)s, NULL,
-           %(reason)s, %(evidence)s::jsonb, %(now)s, '', ''
+           %(reason)s, %(evidence)s::jsonb, %(now)s
       FROM recorded
 ), attempt AS (
     UPDATE gateway_attempt SET state = 'finished', outcome = %(outcome)s,
