@@ -4,11 +4,11 @@
 tenant-wide lock** (``append``): the hot path only inserts a row, and **nothing ever writes to
 an event again**. A sequencer (``seal_pending``, the ``seal_audit`` beat task, every
 ``GATEWAY_AUDIT_SEAL_INTERVAL`` seconds) takes each tenant's chain head with ``FOR UPDATE SKIP
-LOCKED``, reads the tenant's committed events that no batch names yet, in id order, and writes
-them as one ``AuditBatch`` row — their ids in chain order, each one's link hash, the head before
-and after — together with the new head. Chain order is therefore the order in which events
-became visible to the sequencer, not id order (a transaction that commits late gets a later
-position than a higher id that committed first).
+LOCKED``, reads the tenant's committed events that no batch names yet, in transaction order,
+and writes them as one ``AuditBatch`` row — their ids in chain order, each one's link hash,
+the head before and after — together with the new head. Chain order is therefore the order
+in which events became visible to the sequencer, not id order (a transaction that commits late
+gets a later position than a higher id that committed first).
 
 How the sequencer finds what is unsealed without marking events: each event carries the id of
 the transaction that inserted it (``txid``, set by the database). When a pass has read every
@@ -151,7 +151,8 @@ WITH horizon AS ({_HORIZON})
 SELECT horizon.low, horizon.high, e.txid, {_EVENT_COLUMNS}
   FROM horizon
   LEFT JOIN LATERAL (
-      SELECT e.* FROM gateway_effectevent e WHERE {_UNSEALED} ORDER BY e.id LIMIT %(limit)s
+      SELECT e.* FROM gateway_effectevent e WHERE {_UNSEALED}
+       ORDER BY e.txid, e.id LIMIT %(limit)s
   ) AS e ON true
 """
 
@@ -166,7 +167,7 @@ SELECT horizon.low, horizon.high, e.txid, {_EVENT_COLUMNS}
         LEFT JOIN (SELECT unnest(b.event_ids) AS id FROM gateway_auditbatch b
                     WHERE b.tenant_id = %(tenant)s) AS sealed ON sealed.id = e.id
        WHERE e.tenant_id = %(tenant)s AND e.txid IS NOT NULL AND sealed.id IS NULL
-       ORDER BY e.id LIMIT %(limit)s
+       ORDER BY e.txid, e.id LIMIT %(limit)s
   ) AS e ON true
 """
 
@@ -181,9 +182,10 @@ def _event_from_row(values) -> EffectEvent:
 
 
 def seal_tenant(tenant_id: int, *, batch: int | None = None, everything: bool = False) -> int:
-    """Seal up to ``batch`` of the tenant's committed, unsealed events, in id order, as the
-    next links of its chain (one AuditBatch row). Returns how many were sealed (0 if another
-    sequencer holds the head, or if the sequencer is halted: see ``SealState.halted``).
+    """Seal up to ``batch`` of the tenant's committed, unsealed events, in the order of their
+    transactions (and ids within one), as the next links of its chain (one AuditBatch row).
+    Returns how many were sealed (0 if another sequencer holds the head, or if the sequencer
+    is halted: see ``SealState.halted``).
 
     ``everything``: look past the floor, for any event no batch names (``audit_rebase``)."""
     batch = batch or settings.GATEWAY_AUDIT_SEAL_BATCH
@@ -221,9 +223,11 @@ def seal_tenant(tenant_id: int, *, batch: int | None = None, everything: bool = 
             max_txid=max(row[2] for row in rows),
             sealed_at=now,
         )
-        # Everything visible below this snapshot's xmin is now sealed, unless the batch limit
-        # cut the read short: then the rest is read from the same floor by the next call.
-        floor = max(head.floor_txid, low) if len(events) < batch else head.floor_txid
+        # Everything visible below this snapshot's xmin is now sealed; when the batch limit
+        # cut the read short, everything below the last transaction it reached (the read is
+        # in transaction order), so that catching up on a backlog stays linear.
+        reached = rows[-1][2] if len(events) == batch else low
+        floor = max(head.floor_txid, min(low, reached))
         AuditChainHead.objects.filter(pk=head.pk).update(
             last_hash=previous,
             last_event_id=events[-1].pk,

@@ -28,7 +28,10 @@ class Command(BaseCommand):
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT gateway_txid_offset(), pg_snapshot_xmin(s)::text::bigint, "
-                "pg_snapshot_xmax(s)::text::bigint, "
+                # The next id to be given out: xmax is only "latest ended + 1", and this
+                # transaction's own id (when it has one) may be above it.
+                "GREATEST(pg_snapshot_xmax(s)::text::bigint, "
+                "pg_current_xact_id_if_assigned()::text::bigint + 1), "
                 "(SELECT max(floor_txid) FROM gateway_auditchainhead), "
                 "GREATEST((SELECT max(max_txid) FROM gateway_auditbatch), "
                 "(SELECT max(txid) FROM gateway_effectevent)) FROM pg_current_snapshot() AS s"
