@@ -238,19 +238,30 @@ class Command(models.Model):
     payload_redacted = models.JSONField()
     intent = models.JSONField(default=dict, blank=True)
     context = models.JSONField(default=dict, blank=True)
-    requested_by = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="commands")
+    # Neither is looked up from the other side (a principal's or a grant's commands), so
+    # neither has an index to keep up at every submission.
+    requested_by = models.ForeignKey(
+        Principal, on_delete=models.PROTECT, related_name="commands", db_index=False
+    )
     capability = models.ForeignKey(
-        Capability, null=True, blank=True, on_delete=models.PROTECT, related_name="commands"
+        Capability,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="commands",
+        db_index=False,
     )
     # What this command reserved from its capability's budget.
     budget_amount = models.BigIntegerField(default=0)
     approval_required = models.BooleanField()
+    # Indexed by command_compensates below, for the few commands that compensate.
     compensates = models.ForeignKey(
         "Command",
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="compensations",
+        db_index=False,
     )
     # The saga run and step this command belongs to (sagas app); None for a lone command.
     saga_id = models.CharField(max_length=32, blank=True, default="")
@@ -266,11 +277,16 @@ class Command(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["tenant", "resource_type", "resource_id"]),
             # Provider webhooks find the command by the key they were sent.
             models.Index(fields=["provider", "provider_key"], name="command_provider_key"),
             # A saga's steps; most commands have no saga, so only those rows are indexed.
             models.Index(fields=["saga_id"], name="command_saga", condition=~Q(saga_id="")),
+            # An effect's compensations (the console's effect page); likewise only those.
+            models.Index(
+                fields=["compensates"],
+                name="command_compensates",
+                condition=Q(compensates__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -315,14 +331,16 @@ class Effect(models.Model):
     confirmed_at = models.DateTimeField(null=True, blank=True)
 
     approval_state = models.CharField(max_length=16, choices=ApprovalState.choices)
+    # No index on this or compensated_by: nothing looks an effect up by either, and each
+    # index takes an entry at every write of the effect (three per effect, none HOT).
     approved_by = models.ForeignKey(
-        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     approved_digest = models.CharField(max_length=71, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
 
     compensated_by = models.ForeignKey(
-        Command, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Command, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -427,8 +445,14 @@ class Receipt(models.Model):
     effect = models.ForeignKey(
         Effect, on_delete=models.PROTECT, related_name="receipts", db_index=False
     )
+    # Never looked up by attempt: no index to keep up at every receipt.
     attempt = models.ForeignKey(
-        Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts"
+        Attempt,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="receipts",
+        db_index=False,
     )
     source = models.CharField(max_length=16, choices=Source.choices)
     provider = models.CharField(max_length=64)
@@ -471,8 +495,9 @@ class EffectEvent(models.Model):
     from_status = models.CharField(max_length=24, blank=True)
     to_status = models.CharField(max_length=24, blank=True)
     actor = models.CharField(max_length=200)
+    # Never looked up by principal: no index to keep up at every event.
     principal = models.ForeignKey(
-        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     reason = models.TextField(blank=True)
     # Evidence only (ids, status codes, digests); never the payload.
