@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from gateway import hooks, trust
 from gateway.choices import ApprovalState, EffectStatus
+from gateway.lib import prepared
 from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.webhooks.models import WebhookEndpoint
 
@@ -279,7 +280,7 @@ def submit(
         "reason": reason,
         "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
     }
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_SUBMIT_OR_EXISTING, params)
         row = cursor.fetchone()
     if row is None:
@@ -415,7 +416,7 @@ def claim(*, effect_id: str, worker: str) -> FastClaim | None:
         "actor": f"worker:{worker}",
         "worker": worker,
     }
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_CLAIM, params)
         row = cursor.fetchone()
     if row is None:
@@ -462,7 +463,7 @@ WITH recorded AS (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
         payload_digest, digest_matches, result, result_digest, received_at, seal)
     SELECT effect_id, %(attempt)s, 'dispatch', provider, %(op_id)s, %(op_status)s,
-           %(op_digest)s, %(op_digest)s = command_digest, %(op_result)s::jsonb,
+           %(op_digest)s::text, %(op_digest)s::text = command_digest, %(op_result)s::jsonb,
            %(result_digest)s, %(now)s, %(seal)s
       FROM recorded WHERE %(op_id)s IS NOT NULL
 )
@@ -510,7 +511,7 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "result_digest": sha256_digest(operation.result) if operation else None,
     }
     params["seal"] = _receipt_seal(claim, params) if operation else ""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_RECORD, params)
         return cursor.fetchone()[0] == 1
 

@@ -145,6 +145,10 @@ DATABASES = {
         conn_health_checks=env_bool("GATEWAY_DB_HEALTH_CHECKS", False),
     )
 }
+# psycopg prepares a statement at its first execution on a server-side-binding cursor
+# (gateway.lib.prepared: the hot path's statements). Django's own cursors bind on the client
+# and never prepare, whatever this says; Django's default, None, would forbid it to all.
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 0
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
