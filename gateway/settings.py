@@ -147,8 +147,11 @@ DATABASES = {
 }
 # psycopg prepares a statement at its first execution on a server-side-binding cursor
 # (gateway.lib.prepared: the hot path's statements). Django's own cursors bind on the client
-# and never prepare, whatever this says; Django's default, None, would forbid it to all.
-DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 0
+# and never prepare, whatever this says. Off (None, Django's default) behind a pooler that
+# cannot keep prepared statements (PgBouncer before 1.21, or without max_prepared_statements).
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+    0 if env_bool("GATEWAY_DB_PREPARE", True) else None
+)
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
