@@ -181,13 +181,17 @@ def _event_from_row(values) -> EffectEvent:
     return EffectEvent.from_db(connection.alias, [f.attname for f in _EVENT_FIELDS], converted)
 
 
-def seal_tenant(tenant_id: int, *, batch: int | None = None, everything: bool = False) -> int:
+def seal_tenant(
+    tenant_id: int, *, batch: int | None = None, everything: bool = False, after_full: bool = False
+) -> int:
     """Seal up to ``batch`` of the tenant's committed, unsealed events, in the order of their
     transactions (and ids within one), as the next links of its chain (one AuditBatch row).
     Returns how many were sealed (0 if another sequencer holds the head, or if the sequencer
     is halted: see ``SealState.halted``).
 
-    ``everything``: look past the floor, for any event no batch names (``audit_rebase``)."""
+    ``everything``: look past the floor, for any event no batch names (``audit_rebase``).
+    ``after_full``: the previous call sealed a full batch; if this one finds nothing, it still
+    raises the floor past that batch (else every idle pass would look at its last events)."""
     batch = batch or settings.GATEWAY_AUDIT_SEAL_BATCH
     with transaction.atomic():
         head = _head_for_sealing(tenant_id)
@@ -205,6 +209,8 @@ def seal_tenant(tenant_id: int, *, batch: int | None = None, everything: bool = 
             return 0
         rows = [row for row in rows if row[2] is not None]
         if not rows:
+            if after_full and low > head.floor_txid:
+                AuditChainHead.objects.filter(pk=head.pk).update(floor_txid=low)
             return 0
         events = [_event_from_row(row[3:]) for row in rows]
         previous, links = head.last_hash, []
@@ -246,20 +252,23 @@ def _report_halted(tenant_id: int, floor: int, high: int) -> None:
     )
 
 
-# Tenants of a shard with something to seal: per tenant, one probe of event_seal_queue from
-# its floor (an idle tenant costs an index lookup that finds nothing, or the few events of its
-# last batch at the floor).
+# Tenants of a shard with something to seal: per tenant (LATERAL: a probe of event_seal_queue
+# from its floor, not a join over all events), stopping at the first unsealed event. An idle
+# tenant costs an index lookup that finds nothing, or the few sealed events at its floor.
 _TENANTS_WITH_WORK = """
 SELECT t.id FROM gateway_tenant t
   LEFT JOIN gateway_auditchainhead h ON h.tenant_id = t.id
+ CROSS JOIN LATERAL (
+     SELECT 1 FROM gateway_effectevent e
+      WHERE e.tenant_id = t.id AND e.txid >= COALESCE(h.floor_txid, 0)
+        AND NOT EXISTS (
+            SELECT 1 FROM gateway_auditbatch b
+             WHERE b.tenant_id = t.id AND b.max_txid >= COALESCE(h.floor_txid, 0)
+               AND e.id = ANY (b.event_ids))
+      -- in index order: the planner cannot see how few rows a parameter floor leaves
+      ORDER BY e.txid LIMIT 1
+ ) AS work
  WHERE t.id %% %(shards)s = %(shard)s
-   AND EXISTS (
-       SELECT 1 FROM gateway_effectevent e
-        WHERE e.tenant_id = t.id AND e.txid >= COALESCE(h.floor_txid, 0)
-          AND NOT EXISTS (
-              SELECT 1 FROM gateway_auditbatch b
-               WHERE b.tenant_id = t.id AND b.max_txid >= COALESCE(h.floor_txid, 0)
-                 AND e.id = ANY (b.event_ids)))
  ORDER BY t.id
 """
 
@@ -272,10 +281,12 @@ def seal_pending(*, shard: int = 0, shards: int = 1, batch: int | None = None) -
         tenants = [tenant_id for (tenant_id,) in cursor.fetchall()]
     sealed = 0
     for tenant_id in tenants:
+        full = False
         while True:
-            count = seal_tenant(tenant_id, batch=batch)
+            count = seal_tenant(tenant_id, batch=batch, after_full=full)
             sealed += count
-            if count < (batch or settings.GATEWAY_AUDIT_SEAL_BATCH):
+            full = count == (batch or settings.GATEWAY_AUDIT_SEAL_BATCH)
+            if not full:
                 break
     return sealed
 
