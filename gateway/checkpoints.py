@@ -42,8 +42,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from gateway import audit
 from gateway.lib.digest import canonical_json
-from gateway.models import AuditChainHead, Effect, EffectEvent, Receipt, Tenant
+from gateway.models import AuditBatch, AuditChainHead, Effect, EffectEvent, Receipt, Tenant
 
 VERSION = 1
 
@@ -197,8 +198,6 @@ def checkpoint_write(checkpoint: dict[str, Any]) -> Path:
 def checkpoints_write_all() -> int:
     """Beat: one checkpoint per tenant whose chain moved since its last checkpoint. What is
     committed is sealed first (gateway.audit), so the checkpoint names the current head."""
-    from gateway import audit
-
     audit.seal_pending()
     written = 0
     for tenant in Tenant.objects.order_by("pk"):
@@ -260,15 +259,20 @@ def checkpoint_verify(checkpoint: dict[str, Any], *, trusted_key: str | None = N
         return Verdict(tenant_slug, length, False, "the tenant is missing from the ledger")
     if length == 0:
         return Verdict(tenant_slug, 0, True, "an empty chain is extended by anything")
-    sealed = EffectEvent.objects.filter(tenant_id=tenant.pk, position__isnull=False)
-    found = sealed.filter(position=length).values_list("hash", flat=True).first()
+    found, problem = audit.link_at(tenant.pk, length)
     if found is None:
-        total = sealed.count()
+        total = (
+            AuditBatch.objects.filter(tenant_id=tenant.pk)
+            .order_by("-last")
+            .values_list("last", flat=True)
+            .first()
+        ) or 0
         return Verdict(
             tenant_slug,
             length,
             False,
-            f"the ledger has {total} links, the checkpoint {length} (events were removed)",
+            f"the ledger has {total} links, the checkpoint {length}; {problem} "
+            "(events were removed)",
         )
     if found != checkpoint["head"]:
         return Verdict(

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from gateway import hooks, trust
 from gateway.choices import ApprovalState, EffectStatus
+from gateway.lib import prepared
 from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.webhooks.models import WebhookEndpoint
 
@@ -86,22 +87,6 @@ def _compact(sql: str) -> str:
     cost the submission statement about a tenth of the process's CPU. No literal in these
     statements holds two spaces in a row, so collapsing whitespace changes nothing else."""
     return " ".join(sql.split())  # tests/gateway/test_fastpath_statements.py: the limit
-
-
-def _prepared_cursor():
-    """A Django cursor (query logging, error wrapping) over a psycopg cursor that binds on
-    the server, so that psycopg prepares the statement on the connection once it has run
-    ``prepare_threshold`` times (``GATEWAY_DB_PREPARE``, gateway/settings.py) and PostgreSQL
-    runs it from a cached generic plan. Planning the submission CTE cost the backend ~0.6 ms
-    at every execution, more than running it (0.1 ms for a replay, 0.3 ms for a new command);
-    prepared, a replay costs it 0.16 ms and a new command 0.66 ms instead of 1.1-2 and 1.65
-    (docs/reliability.md). Django's own cursors bind on the client and never prepare."""
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        cursor = psycopg.Cursor(connection.connection)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(cursor)
-    return connection.make_cursor(cursor)
 
 
 def _load(model, fields, values):
@@ -185,9 +170,9 @@ WITH cmd AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT %(tenant)s, effect_id, '', 'submitted', '', %(status)s, %(actor)s, %(principal)s,
-        %(reason)s, %(event_data)s::jsonb, %(now)s, '', ''
+        %(reason)s, %(event_data)s::jsonb, %(now)s
     FROM eff
     RETURNING effect_id
 ), existing AS (
@@ -296,7 +281,7 @@ def submit(
         "reason": reason,
         "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
     }
-    with _prepared_cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_SUBMIT_OR_EXISTING, params)
         row = cursor.fetchone()
     if row is None:
@@ -383,9 +368,9 @@ WITH old AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT tenant_id, effect_id, '', 'claimed', from_status, 'DISPATCHING', %(actor)s, NULL,
-           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s, '', ''
+           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s
       FROM claimed
 ), attempt AS (
     INSERT INTO gateway_attempt (
@@ -432,7 +417,7 @@ def claim(*, effect_id: str, worker: str) -> FastClaim | None:
         "actor": f"worker:{worker}",
         "worker": worker,
     }
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_CLAIM, params)
         row = cursor.fetchone()
     if row is None:
@@ -465,9 +450,9 @@ WITH recorded AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT tenant_id, effect_id, '', 'dispatched', 'DISPATCHING', %(to)s, %(actor)s, NULL,
-           %(reason)s, %(evidence)s::jsonb, %(now)s, '', ''
+           %(reason)s, %(evidence)s::jsonb, %(now)s
       FROM recorded
 ), attempt AS (
     UPDATE gateway_attempt SET state = 'finished', outcome = %(outcome)s,
@@ -479,7 +464,7 @@ WITH recorded AS (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
         payload_digest, digest_matches, result, result_digest, received_at, seal)
     SELECT effect_id, %(attempt)s, 'dispatch', provider, %(op_id)s, %(op_status)s,
-           %(op_digest)s, %(op_digest)s = command_digest, %(op_result)s::jsonb,
+           %(op_digest)s::text, %(op_digest)s::text = command_digest, %(op_result)s::jsonb,
            %(result_digest)s, %(now)s, %(seal)s
       FROM recorded WHERE %(op_id)s IS NOT NULL
 )
@@ -527,7 +512,7 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "result_digest": sha256_digest(operation.result) if operation else None,
     }
     params["seal"] = _receipt_seal(claim, params) if operation else ""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_RECORD, params)
         return cursor.fetchone()[0] == 1
 

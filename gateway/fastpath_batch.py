@@ -139,9 +139,9 @@ WITH due AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT tenant_id, effect_id, '', 'claimed', from_status, 'DISPATCHING', %(actor)s, NULL,
-           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s, '', ''
+           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s
       FROM claimed
 ), attempt AS (
     INSERT INTO gateway_attempt (
@@ -293,9 +293,9 @@ WITH o AS (
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at, prev_hash, hash)
+        reason, data, created_at)
     SELECT r.tenant_id, r.effect_id, '', 'dispatched', 'DISPATCHING', o.to_status, %(actor)s,
-           NULL, o.reason, o.evidence::jsonb, %(now)s, '', ''
+           NULL, o.reason, o.evidence::jsonb, %(now)s
       FROM recorded r JOIN o ON o.effect_id = r.effect_id
 ), attempt AS (
     UPDATE gateway_attempt a SET state = 'finished', outcome = o.outcome,

@@ -9,8 +9,9 @@ transaction.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Func, Q
 
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -163,9 +164,52 @@ class AuditChainHead(models.Model):
     length = models.BigIntegerField(default=0)
     # When the last batch was sealed.
     sealed_at = models.DateTimeField(null=True, blank=True)
+    # Every event of the tenant whose ``txid`` is below this is sealed (or was rolled back and
+    # never existed): the sequencer looks for unsealed events from here on (gateway.audit).
+    floor_txid = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"chain of {self.tenant_id} at {self.length}"
+
+
+class AuditBatch(models.Model):
+    """One pass of the audit sequencer over a tenant: the events it found committed and not
+    yet sealed, as the next links of the tenant's hash chain, in one row. Events are never
+    rewritten to seal them (gateway.audit); like them, a batch is never updated or deleted."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # The chain positions (1, 2, …) of its first and last link.
+    first = models.BigIntegerField()
+    last = models.BigIntegerField()
+    # Its events in chain order, and each one's link hash (32 bytes each, end to end), so that
+    # verification names the first event that no longer matches its link.
+    event_ids = ArrayField(models.BigIntegerField())
+    links = models.BinaryField()
+    # The chain's head before this batch, and after it (its last link, hex).
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    # The highest ``txid`` among its events: the sequencer's search for unsealed events at or
+    # above a floor only has to exclude the events of batches that reach the floor.
+    max_txid = models.BigIntegerField()
+    sealed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # The chain in order, and the batch holding a given position (checkpoints).
+            models.UniqueConstraint(fields=["tenant", "last"], name="audit_batch_chain"),
+        ]
+        indexes = [
+            # The sequencer: the batches that reach its floor (gateway.audit.seal_tenant).
+            models.Index(fields=["tenant", "max_txid"], name="audit_batch_reach"),
+        ]
+
+    def __str__(self) -> str:
+        return f"links {self.first}-{self.last} of {self.tenant_id}"
+
+
+# The inserting transaction's id, as a bigint continuous across clusters (gateway migration
+# 0013 defines the function; ``manage.py audit_rebase`` moves it on after a logical restore).
+CURRENT_TXID = Func(function="gateway_txid", output_field=models.BigIntegerField())
 
 
 class Command(models.Model):
@@ -194,19 +238,30 @@ class Command(models.Model):
     payload_redacted = models.JSONField()
     intent = models.JSONField(default=dict, blank=True)
     context = models.JSONField(default=dict, blank=True)
-    requested_by = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="commands")
+    # Neither is looked up from the other side (a principal's or a grant's commands), so
+    # neither has an index to keep up at every submission.
+    requested_by = models.ForeignKey(
+        Principal, on_delete=models.PROTECT, related_name="commands", db_index=False
+    )
     capability = models.ForeignKey(
-        Capability, null=True, blank=True, on_delete=models.PROTECT, related_name="commands"
+        Capability,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="commands",
+        db_index=False,
     )
     # What this command reserved from its capability's budget.
     budget_amount = models.BigIntegerField(default=0)
     approval_required = models.BooleanField()
+    # Indexed by command_compensates below, for the few commands that compensate.
     compensates = models.ForeignKey(
         "Command",
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="compensations",
+        db_index=False,
     )
     # The saga run and step this command belongs to (sagas app); None for a lone command.
     saga_id = models.CharField(max_length=32, blank=True, default="")
@@ -222,11 +277,16 @@ class Command(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["tenant", "resource_type", "resource_id"]),
             # Provider webhooks find the command by the key they were sent.
             models.Index(fields=["provider", "provider_key"], name="command_provider_key"),
             # A saga's steps; most commands have no saga, so only those rows are indexed.
             models.Index(fields=["saga_id"], name="command_saga", condition=~Q(saga_id="")),
+            # An effect's compensations (the console's effect page); likewise only those.
+            models.Index(
+                fields=["compensates"],
+                name="command_compensates",
+                condition=Q(compensates__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -271,14 +331,16 @@ class Effect(models.Model):
     confirmed_at = models.DateTimeField(null=True, blank=True)
 
     approval_state = models.CharField(max_length=16, choices=ApprovalState.choices)
+    # No index on this or compensated_by: nothing looks an effect up by either, and each
+    # index takes an entry at every write of the effect (three per effect, none HOT).
     approved_by = models.ForeignKey(
-        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     approved_digest = models.CharField(max_length=71, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
 
     compensated_by = models.ForeignKey(
-        Command, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Command, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -383,8 +445,14 @@ class Receipt(models.Model):
     effect = models.ForeignKey(
         Effect, on_delete=models.PROTECT, related_name="receipts", db_index=False
     )
+    # Never looked up by attempt: no index to keep up at every receipt.
     attempt = models.ForeignKey(
-        Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts"
+        Attempt,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="receipts",
+        db_index=False,
     )
     source = models.CharField(max_length=16, choices=Source.choices)
     provider = models.CharField(max_length=64)
@@ -427,37 +495,28 @@ class EffectEvent(models.Model):
     from_status = models.CharField(max_length=24, blank=True)
     to_status = models.CharField(max_length=24, blank=True)
     actor = models.CharField(max_length=200)
+    # Never looked up by principal: no index to keep up at every event.
     principal = models.ForeignKey(
-        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     reason = models.TextField(blank=True)
     # Evidence only (ids, status codes, digests); never the payload.
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
-    # The tenant's hash chain: hash = sha256(prev_hash + canonical JSON of this event), written
-    # once by the sequencer (gateway.audit.seal_tenant) after the event committed; empty until
-    # then. ``position`` is the event's place in the chain (1, 2, …), in commit-visible order.
-    prev_hash = models.CharField(max_length=64, blank=True, default="")
-    hash = models.CharField(max_length=64, blank=True, default="")
-    position = models.BigIntegerField(null=True, blank=True)
-    sealed_at = models.DateTimeField(null=True, blank=True)
+    # The id of the transaction that inserted it (set by the database). An event is sealed into
+    # its tenant's hash chain by an AuditBatch that names it, never by writing to it; the
+    # sequencer finds the unsealed ones among those at or above its floor (gateway.audit).
+    # NULL for events sealed before gateway migration 0013.
+    txid = models.BigIntegerField(null=True, editable=False, db_default=CURRENT_TXID)
 
     class Meta:
         indexes = [
             models.Index(fields=["effect", "id"]),
-            models.Index(fields=["tenant", "id"], name="event_chain_order"),
-            # The sequencer's queue: a tenant's committed events not yet sealed.
+            # The sequencer's search for unsealed events: a tenant's events from its floor on.
             models.Index(
-                fields=["tenant", "id"],
-                name="event_unsealed",
-                condition=models.Q(position__isnull=True),
-            ),
-        ]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["tenant", "position"],
-                name="event_chain_position",
-                condition=models.Q(position__isnull=False),
+                fields=["tenant", "txid"],
+                name="event_seal_queue",
+                condition=models.Q(txid__isnull=False),
             ),
         ]
 

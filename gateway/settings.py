@@ -79,6 +79,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    # ArrayField (gateway.models.AuditBatch); the ledger is PostgreSQL-only.
+    "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -147,14 +149,15 @@ DATABASES = {
     )
 }
 # The hot statements are prepared on the server: planning them cost PostgreSQL more than
-# running them. psycopg prepares a statement after this many executions on a connection, but
-# only on a cursor that binds on the server: Django's bind on the client and never prepare; the
-# submission's (gateway.fastpath) and the drainer's claim and record (gateway.fastpath_batch)
-# do. Off (GATEWAY_DB_PREPARE=false) for a pooler that cannot keep protocol-level prepared
-# statements (PgBouncer in transaction mode before 1.21, or without max_prepared_statements).
+# running them. psycopg prepares a statement at its first execution on a server-side-binding
+# cursor (gateway.lib.prepared: the submission, the single claim and record, the sequencer;
+# gateway.fastpath_batch: the drainer's claim and record). Django's own cursors bind on the
+# client and never prepare, whatever this says. Off (GATEWAY_DB_PREPARE=false, None) behind a
+# pooler that cannot keep prepared statements (PgBouncer before 1.21, or without
+# max_prepared_statements).
 GATEWAY_DB_PREPARE = env_bool("GATEWAY_DB_PREPARE", True)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
-    5 if GATEWAY_DB_PREPARE else None
+    0 if GATEWAY_DB_PREPARE else None
 )
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")

@@ -16,6 +16,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 
 
 def main() -> int:
@@ -46,8 +48,26 @@ def main() -> int:
         started = time.perf_counter()
         _load(connection, tenant.pk, principal.pk, have, args.effects, seal_json({"x": 1}))
         print(f"loaded {args.effects - have} effects in {time.perf_counter() - started:.1f}s")
+    from gateway import audit
+    from gateway.models import EffectEvent
+
+    events = EffectEvent.objects.filter(tenant=tenant).count()
+    if events < args.effects:
+        # One event per effect, sealed by the audit sequencer as it would be.
+        started = time.perf_counter()
+        _load_events(connection, tenant.pk, events, args.effects)
+        print(f"loaded {args.effects - events} events in {time.perf_counter() - started:.1f}s")
+    if audit.seal_state(tenant.pk).unsealed:
+        with connection.cursor() as cursor:  # statistics first: the read is in txid order
+            cursor.execute("ANALYZE gateway_effectevent; ANALYZE gateway_auditbatch;")
+        started = time.perf_counter()
+        sealed = audit.seal_pending()
+        print(f"sealed {sealed} events in {time.perf_counter() - started:.1f}s")
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE gateway_effect; ANALYZE gateway_command;")
+        cursor.execute(
+            "ANALYZE gateway_effect; ANALYZE gateway_command; ANALYZE gateway_effectevent; "
+            "ANALYZE gateway_auditbatch;"
+        )
     total = Effect.objects.filter(tenant=tenant).count()
     print(f"tenant 'scale' holds {total} effects")
 
@@ -57,7 +77,9 @@ def main() -> int:
     from datetime import timedelta
 
     from gateway.console.selectors import effects_for_triage
+    from gateway.models import Attempt, Command, Receipt
 
+    some = newest.values_list("command_id", flat=True)[total // 3]
     queries = {
         "API list, newest first, page 1": newest[:50],
         "API list, page at depth N/2 (cursor)": newest.filter(command_id__lt=deep_cursor)[:50],
@@ -80,20 +102,34 @@ def main() -> int:
         "lease recovery": Effect.objects.filter(
             status="DISPATCHING", lease_expires_at__lte=now + timedelta(days=1)
         ).order_by("lease_expires_at")[:500],
+        "recovery: abandoned attempts": Attempt.objects.filter(
+            state="sending", started_at__lt=now
+        ).values_list("pk", flat=True)[:500],
+        "console effect: its events": EffectEvent.objects.filter(effect_id=some).order_by("id"),
+        "console effect: its receipts": Receipt.objects.filter(effect_id=some).order_by(
+            "-received_at", "-id"
+        )[:1],
+        "console effect: its compensations": Command.objects.filter(compensates_id=some),
+        "provider webhook: command by key": Command.objects.filter(
+            provider="tickets", provider_key="scale:scale-7"
+        ),
+        "audit sequencer: pass, nothing to seal": "seal_pending",
+        "audit: sealed head and lag (console)": "seal_state",
     }
     print(f"{'query':<42} {'median ms':>10}  plan")
     for name, query in queries.items():
+        run: Callable[[], object]
         if query is None:
-
-            def run():
-                return effects_for_triage(principal=principal, now=now).count()
-
+            run = effects_for_triage(principal=principal, now=now).count
             sql_plan = "count"
+        elif query == "seal_pending":
+            run = audit.seal_pending
+            sql_plan = _plan_sql(connection, audit._TENANTS_WITH_WORK, {"shard": 0, "shards": 1})
+        elif query == "seal_state":
+            run = partial(audit.seal_state, tenant.pk)
+            sql_plan = _plan_sql(connection, audit._SEAL_STATE, {"tenant": tenant.pk})
         else:
-
-            def run(query=query):
-                return list(query.all())
-
+            run = partial(_fetch, query)
             sql_plan = _plan(connection, query)
         timings = []
         for _ in range(7):
@@ -104,8 +140,16 @@ def main() -> int:
     return 0
 
 
+def _fetch(query) -> list:
+    return list(query.all())
+
+
 def _plan(connection, query) -> str:
     sql, params = query.query.sql_with_params()
+    return _plan_sql(connection, sql, params)
+
+
+def _plan_sql(connection, sql, params) -> str:
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + sql, params)
         lines = [row[0] for row in cursor.fetchall()]
@@ -169,6 +213,30 @@ def _load(connection, tenant_id: int, principal_id: int, start: int, end: int, s
                 },
             )
         print(f"  loaded {high}/{end}", flush=True)
+
+
+def _load_events(connection, tenant_id: int, start: int, end: int) -> None:
+    """One ``submitted`` event per loaded effect, unsealed (the caller has the sequencer seal
+    them), a thousand per transaction: the ledger's transactions write a few events each, and
+    the sequencer reads in transaction order (a single transaction of a million events would
+    be sealed in quadratic time, see gateway.audit)."""
+    step = 1000
+    for low in range(start, end, step):
+        high = min(end, low + step)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO gateway_effectevent (tenant_id, effect_id, subject, kind,
+                    from_status, to_status, actor, reason, data, created_at)
+                SELECT %(tenant)s, 'eff_SCALE' || lpad(g::text, 17, '0'), '', 'submitted',
+                    '', 'PREPARED', 'agent:scale-bot', '', '{}',
+                    now() - (%(end)s - g) * interval '1 second'
+                FROM generate_series(%(low)s, %(high)s - 1) AS g
+                """,
+                {"tenant": tenant_id, "low": low, "high": high, "end": end},
+            )
+        if high % 100_000 == 0 or high == end:
+            print(f"  loaded events {high}/{end}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The audit chain sealed after commit: events are inserted without a tenant lock, the
-sequencer chains them in batches, the trigger guards them until (and after) they are sealed."""
+sequencer chains them in batches (one row each, the events never rewritten), the trigger
+guards them until (and after) they are sealed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from gateway import audit, ledger, services
-from gateway.models import AuditChainHead, Effect, EffectEvent
+from gateway.models import AuditBatch, AuditChainHead, Effect, EffectEvent
 from tests.conftest import TICKET
 
 
@@ -26,40 +27,86 @@ def submit(agent, key: str) -> Effect:
     return Effect.objects.get(pk=response.json()["effect_id"])
 
 
+def unsealed(tenant_id: int) -> int:
+    return audit.seal_state(tenant_id).unsealed
+
+
+def row_versions(table: str, ids: list) -> list[str]:
+    """PostgreSQL's xmin of each row: an UPDATE, even of nothing, gives the row a new one."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT xmin::text FROM {table} WHERE id = ANY(%s) ORDER BY id", [ids])
+        return [xmin for (xmin,) in cursor.fetchall()]
+
+
 def test_events_are_written_unsealed_and_sealed_in_order_by_the_sequencer(agent, capsys):
     first, second = submit(agent, "t1"), submit(agent, "t2")
     tenant = first.tenant_id
-    unsealed = EffectEvent.objects.filter(tenant_id=tenant, position__isnull=True)
-    assert unsealed.filter(effect__in=[first, second]).count() == 2
-    assert set(unsealed.values_list("hash", flat=True)) == {""}
+    before = set(audit.chain_event_ids(tenant))
+    ours = list(EffectEvent.objects.filter(effect__in=[first, second]).values_list("pk", flat=True))
+    assert not before & set(ours)
+    assert unsealed(tenant) >= 2
     sealed = audit.seal_pending()
     assert sealed >= 2
-    assert not EffectEvent.objects.filter(position__isnull=True).exists()
-    rows = list(
-        EffectEvent.objects.filter(tenant_id=tenant)
-        .order_by("position")
-        .values_list("position", "prev_hash", "hash", "sealed_at")
+    assert unsealed(tenant) == 0
+    chain = audit.chain_event_ids(tenant)
+    assert set(ours) <= set(chain)
+    assert len(chain) == len(set(chain)) == EffectEvent.objects.filter(tenant_id=tenant).count()
+    batches = list(AuditBatch.objects.filter(tenant_id=tenant).order_by("last"))
+    assert batches[0].first == 1 and batches[0].prev_hash == audit.GENESIS
+    assert all(
+        (later.first, later.prev_hash) == (earlier.last + 1, earlier.hash)
+        for earlier, later in pairwise(batches)
     )
-    assert [row[0] for row in rows] == list(range(1, len(rows) + 1))
-    assert rows[0][1] == audit.GENESIS
-    assert all(later[1] == earlier[2] for earlier, later in pairwise(rows))
-    assert all(row[3] is not None for row in rows)
+    assert all(batch.sealed_at is not None for batch in batches)
     head = AuditChainHead.objects.get(tenant_id=tenant)
-    assert (head.length, head.last_hash) == (len(rows), rows[-1][2])
+    assert (head.length, head.last_hash) == (len(chain), batches[-1].hash)
     assert audit.verify_tenant(tenant) is None
     assert audit.seal_pending() == 0  # nothing left
 
 
+def test_sealing_writes_no_event_and_an_idle_pass_writes_nothing(agent):
+    effect = submit(agent, "t1")
+    note(effect, "a second event")
+    ids = list(EffectEvent.objects.filter(effect=effect).values_list("pk", flat=True))
+    versions = row_versions("gateway_effectevent", ids)
+    assert audit.seal_pending() >= 2
+    assert row_versions("gateway_effectevent", ids) == versions  # sealed, not rewritten
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xmin::text FROM gateway_auditchainhead WHERE tenant_id = %s",
+            [effect.tenant_id],
+        )
+        head = cursor.fetchone()[0]
+        batches = AuditBatch.objects.count()
+        assert audit.seal_pending() == 0
+        cursor.execute(
+            "SELECT xmin::text FROM gateway_auditchainhead WHERE tenant_id = %s",
+            [effect.tenant_id],
+        )
+        assert cursor.fetchone()[0] == head
+    assert AuditBatch.objects.count() == batches
+
+
 def test_verify_audit_reports_the_sealed_head_and_the_lag(agent, capsys):
-    submit(agent, "t1")
+    effect = submit(agent, "t1")
     call_command("verify_audit", "--no-seal")
     out = capsys.readouterr().out
     assert "acme: sealed head at 0" in out and "unsealed, sealing lag" in out
-    assert EffectEvent.objects.filter(position__isnull=True).exists()  # --no-seal wrote nothing
+    assert unsealed(effect.tenant_id) > 0  # --no-seal wrote nothing
     call_command("verify_audit")
     call_command("verify_audit")
     out = capsys.readouterr().out
     assert "acme: chain intact" in out and " 0 unsealed, sealing lag 0.000s" in out
+
+
+def test_what_a_transaction_writes_after_sealing_is_sealed_by_the_next_pass(agent):
+    """A pass inside a transaction that also writes events (a script, these tests) seals
+    what it sees; what the transaction writes after must stay above the floor."""
+    effect = submit(agent, "t1")
+    audit.seal_pending()
+    later = note(effect, "after the pass, same transaction")
+    assert audit.seal_pending() == 1
+    assert later.pk in audit.chain_event_ids(effect.tenant_id)
 
 
 def test_a_batch_limit_seals_in_several_transactions(agent):
@@ -76,8 +123,8 @@ def test_a_tenant_shard_seals_only_its_tenants(agent, rival_agent):
     shard = ours.tenant_id % 2
     assert ours.tenant_id % 2 != theirs.tenant_id % 2 or pytest.skip("same shard")
     audit.seal_pending(shard=shard, shards=2)
-    assert not EffectEvent.objects.filter(tenant_id=ours.tenant_id, position=None).exists()
-    assert EffectEvent.objects.filter(tenant_id=theirs.tenant_id, position=None).exists()
+    assert unsealed(ours.tenant_id) == 0
+    assert unsealed(theirs.tenant_id) > 0
 
 
 def test_the_beat_task_seals(agent, eager_tasks):
@@ -85,7 +132,10 @@ def test_the_beat_task_seals(agent, eager_tasks):
 
     effect = submit(agent, "t1")
     seal_audit.delay()
-    assert not EffectEvent.objects.filter(effect=effect, position=None).exists()
+    assert unsealed(effect.tenant_id) == 0
+    assert set(EffectEvent.objects.filter(effect=effect).values_list("pk", flat=True)) <= set(
+        audit.chain_event_ids(effect.tenant_id)
+    )
 
 
 def test_removing_a_sealed_event_in_the_middle_is_reported(agent, capsys):
@@ -93,11 +143,12 @@ def test_removing_a_sealed_event_in_the_middle_is_reported(agent, capsys):
     for index in range(3):
         note(effect, f"n{index}")
     audit.seal_pending()
-    middle = EffectEvent.objects.filter(effect=effect).order_by("position")[1]
+    ours = set(EffectEvent.objects.filter(effect=effect).values_list("pk", flat=True))
+    middle = [pk for pk in audit.chain_event_ids(effect.tenant_id) if pk in ours][1]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("SET session_replication_role = replica")
-        cursor.execute("DELETE FROM gateway_effectevent WHERE id = %s", [middle.pk])
+        cursor.execute("DELETE FROM gateway_effectevent WHERE id = %s", [middle])
         if connection.vendor == "postgresql":
             cursor.execute("SET session_replication_role = DEFAULT")
     with pytest.raises(CommandError):
@@ -109,13 +160,15 @@ def test_removing_a_sealed_event_in_the_middle_is_reported(agent, capsys):
     "statement",
     [
         "UPDATE gateway_effectevent SET reason = 'nothing happened' WHERE id = %s",
-        "UPDATE gateway_effectevent SET hash = repeat('0', 64) WHERE id = %s",
-        "UPDATE gateway_effectevent SET position = position + 100 WHERE id = %s",
-        "UPDATE gateway_effectevent SET sealed_at = now() WHERE id = %s",
+        "UPDATE gateway_effectevent SET txid = txid + 1 WHERE id = %s",
+        "UPDATE gateway_effectevent SET created_at = now() WHERE id = %s",
         "DELETE FROM gateway_effectevent WHERE id = %s",
+        "UPDATE gateway_auditbatch SET hash = repeat('0', 64) WHERE %s = ANY(event_ids)",
+        "UPDATE gateway_auditbatch SET event_ids = '{}' WHERE %s = ANY(event_ids)",
+        "DELETE FROM gateway_auditbatch WHERE %s = ANY(event_ids)",
     ],
 )
-def test_a_sealed_event_cannot_be_changed_or_resealed(agent, statement):
+def test_a_sealed_event_and_its_batch_cannot_be_changed_or_resealed(agent, statement):
     effect = submit(agent, "t1")
     audit.seal_pending()
     event = EffectEvent.objects.filter(effect=effect).get()
@@ -131,13 +184,13 @@ def test_a_sealed_event_cannot_be_changed_or_resealed(agent, statement):
     "statement",
     [
         "UPDATE gateway_effectevent SET reason = 'nothing happened' WHERE id = %s",
-        "UPDATE gateway_effectevent SET reason = 'x', position = 999 WHERE id = %s",
+        "UPDATE gateway_effectevent SET reason = 'x', txid = 1 WHERE id = %s",
         "DELETE FROM gateway_effectevent WHERE id = %s",
     ],
 )
 def test_an_unsealed_event_is_protected_by_the_trigger(agent, statement):
     event = EffectEvent.objects.filter(effect=submit(agent, "t1")).get()
-    assert event.position is None
+    assert event.pk not in audit.chain_event_ids(event.tenant_id)
     with (
         pytest.raises(DatabaseError, match="append-only"),
         transaction.atomic(),
@@ -208,13 +261,57 @@ def test_the_chain_follows_commit_order_not_id_order(agent):
     done.set()
     thread.join()
     assert audit.seal_pending() == 1
-    order = list(
-        EffectEvent.objects.filter(pk__in=[late.pk, early[0]])
-        .order_by("position")
-        .values_list("pk", flat=True)
-    )
+    order = [pk for pk in audit.chain_event_ids(effect.tenant_id) if pk in (late.pk, early[0])]
     assert order == [late.pk, early[0]]
     assert audit.verify_tenant(effect.tenant_id) is None
-    lag = EffectEvent.objects.get(pk=late.pk)
-    assert lag.sealed_at >= lag.created_at
-    assert lag.sealed_at <= timezone.now()
+    sealed_at = audit.seal_times([late.pk])[late.pk]
+    assert EffectEvent.objects.get(pk=late.pk).created_at <= sealed_at <= timezone.now()
+
+
+def test_an_event_slipped_in_below_the_floor_is_reported(agent, capsys):
+    """A row written with the triggers off and an old transaction id would never be sealed:
+    verify_audit names it instead of passing over it."""
+    effect = submit(agent, "t1")
+    audit.seal_pending()
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute(
+            "INSERT INTO gateway_effectevent (tenant_id, effect_id, subject, kind, from_status,"
+            " to_status, actor, reason, data, created_at, txid) SELECT tenant_id, effect_id, "
+            "'', 'note', '', '', 'x', 'slipped in', '{}', now(), 1 FROM gateway_effectevent "
+            "WHERE effect_id = %s LIMIT 1 RETURNING id",
+            [effect.pk],
+        )
+        (slipped,) = cursor.fetchone()
+        cursor.execute("SET session_replication_role = DEFAULT")
+    with pytest.raises(CommandError):
+        call_command("verify_audit")
+    out = capsys.readouterr().out
+    assert f"BROKEN at event {slipped}" in out and "never be sealed" in out
+
+
+def test_after_a_restore_behind_the_floor_the_sequencer_stops_until_audit_rebase(agent, capsys):
+    """A logical restore into another cluster keeps the events' transaction ids but not the
+    counter: new events would land below the floor. The sequencer stops and says so; the
+    rebase moves the ids past the ledger's and seals what waited."""
+    effect = submit(agent, "t1")
+    audit.seal_pending()
+    tenant = effect.tenant_id
+    # As after such a restore: the ledger's floor far ahead of the cluster's counter.
+    AuditChainHead.objects.filter(tenant_id=tenant).update(floor_txid=10**15)
+    waiting = note(effect, "written after the restore")
+    assert audit.seal_pending() == 0
+    assert audit.seal_state(tenant).halted
+    with pytest.raises(CommandError):
+        call_command("verify_audit")
+    assert "sequencer has stopped" in capsys.readouterr().out
+    call_command("audit_rebase")
+    assert "sealed 1 event" in capsys.readouterr().out
+    assert waiting.pk in audit.chain_event_ids(tenant)
+    later = note(effect, "written after the rebase")
+    assert later.txid is not None and later.txid >= 10**15
+    assert not audit.seal_state(tenant).halted
+    assert audit.seal_pending() == 1
+    call_command("audit_rebase")  # nothing to move the second time
+    assert "nothing to move" in capsys.readouterr().out
+    assert audit.verify_tenant(tenant) is None

@@ -33,3 +33,33 @@ def test_the_submission_statement_is_prepared_on_its_connection(agent):
             "WHERE statement LIKE 'WITH cmd AS ( INSERT INTO gateway_command%%'"
         )
         assert cursor.fetchone()[0] >= 1
+
+
+def prepared_statements() -> list[tuple[str, int, int]]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+            "ORDER BY prepare_time"
+        )
+        return cursor.fetchall()
+
+
+def test_the_hot_statements_are_prepared_once_per_connection(agent, sandbox):
+    """PostgreSQL plans a prepared statement once, not at every execution: planning was most
+    of what the server spent on these CTEs (gateway.lib.prepared)."""
+    from gateway import services
+    from tests.conftest import TICKET
+
+    for index in range(7):
+        effect_id = agent.submit(TICKET, f"p{index}").json()["effect_id"]
+        services.effect_dispatch(effect_id=effect_id, worker="test")
+    statements = {
+        statement.split()[1]: (generic, custom)
+        for statement, generic, custom in prepared_statements()
+        if statement.lstrip().startswith("WITH")
+    }
+    # cmd (submit), old (claim), recorded (record): each one statement, reused.
+    assert set(statements) >= {"cmd", "old", "recorded"}, statements
+    assert all(generic + custom >= 7 for generic, custom in statements.values())

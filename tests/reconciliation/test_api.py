@@ -98,7 +98,9 @@ def test_reconcile_of_a_settled_effect_is_409(recon_unknown, recon_operator, rec
 
 def test_operator_resolves_confirmed_with_evidence(escalated, recon_operator, recon_sandbox):
     events_before = list(
-        EffectEvent.objects.filter(effect=escalated).order_by("id").values_list("id", "hash")
+        EffectEvent.objects.filter(effect=escalated)
+        .order_by("id")
+        .values_list("id", "kind", "reason", "data")
     )
 
     response = resolve(
@@ -120,7 +122,11 @@ def test_operator_resolves_confirmed_with_evidence(escalated, recon_operator, re
     assert case.resolved_by == recon_operator.principal
     assert "seen in the provider console" in case.resolution
     # History is appended to, never edited.
-    after = list(EffectEvent.objects.filter(effect=effect).order_by("id").values_list("id", "hash"))
+    after = list(
+        EffectEvent.objects.filter(effect=effect)
+        .order_by("id")
+        .values_list("id", "kind", "reason", "data")
+    )
     assert after[: len(events_before)] == events_before
     assert EffectEvent.objects.filter(effect=effect, kind="resolved").count() == 1
     # A manual resolution is not a provider receipt.

@@ -13,7 +13,7 @@ from django.db import DatabaseError, connection, transaction
 
 from gateway import audit, checkpoints, services
 from gateway.audit import link_hash
-from gateway.models import AuditChainHead, Effect, EffectEvent, Receipt, Tenant
+from gateway.models import AuditBatch, AuditChainHead, Effect, EffectEvent, Receipt, Tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -62,22 +62,38 @@ def raw_sql(*statements: tuple[str, list]) -> None:
             cursor.execute("SET session_replication_role = DEFAULT")
 
 
-def rehash_chain(tenant_id: int) -> None:
-    """Recompute every link and the head after an edit, so the chain alone looks intact."""
-    previous, count, last = "0" * 64, 0, None
-    sealed = EffectEvent.objects.filter(tenant_id=tenant_id, position__isnull=False)
-    for event in sealed.order_by("position"):
-        digest = link_hash(previous, event)
+def rehash_chain(tenant_id: int, *, keep: set[int] | None = None) -> None:
+    """Recompute every link, batch and the head after an edit (keeping only the events in
+    ``keep``, if given), so the chain alone looks intact."""
+    previous, position, last = "0" * 64, 0, None
+    for batch in AuditBatch.objects.filter(tenant_id=tenant_id).order_by("last"):
+        ids = [pk for pk in batch.event_ids if keep is None or pk in keep]
+        if not ids:
+            raw_sql(("DELETE FROM gateway_auditbatch WHERE id = %s", [batch.pk]))
+            continue
+        events = EffectEvent.objects.in_bulk(ids)
+        start, links = previous, []
+        for pk in ids:
+            previous = link_hash(previous, events[pk])
+            links.append(bytes.fromhex(previous))
         raw_sql(
             (
-                "UPDATE gateway_effectevent SET prev_hash = %s, hash = %s, position = %s "
-                "WHERE id = %s",
-                [previous, digest, count + 1, event.pk],
+                "UPDATE gateway_auditbatch SET first = %s, last = %s, event_ids = %s, "
+                "links = %s, prev_hash = %s, hash = %s WHERE id = %s",
+                [
+                    position + 1,
+                    position + len(ids),
+                    ids,
+                    b"".join(links),
+                    start,
+                    previous,
+                    batch.pk,
+                ],
             )
         )
-        previous, count, last = digest, count + 1, event.pk
+        position, last = position + len(ids), ids[-1]
     AuditChainHead.objects.filter(tenant_id=tenant_id).update(
-        last_hash=previous, length=count, last_event_id=last
+        last_hash=previous, length=position, last_event_id=last
     )
 
 
@@ -122,16 +138,14 @@ def test_a_cut_tail_with_a_fixed_head_fails_against_the_checkpoint(agent, sandbo
     ledger_with_history(agent)
     checkpoints.checkpoints_write_all()
     tenant = Tenant.objects.get(slug="acme")
-    keep = list(
-        EffectEvent.objects.filter(tenant=tenant).order_by("position").values_list("id", flat=True)
-    )[:3]
+    keep = audit.chain_event_ids(tenant.pk)[:3]
     raw_sql(
         (
             "DELETE FROM gateway_effectevent WHERE tenant_id = %s AND NOT (id = ANY(%s))",
             [tenant.pk, keep],
         )
     )
-    rehash_chain(tenant.pk)
+    rehash_chain(tenant.pk, keep=set(keep))
     ok, out = run("--against", str(checkpoint_dir / "acme.jsonl"))
     assert not ok and "events were removed" in out
 
@@ -156,9 +170,15 @@ def test_the_apps_role_cannot_truncate_the_history(agent, sandbox):
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {role} NOLOGIN")
         try:
-            for table in ("gateway_effectevent", "gateway_receipt", "gateway_auditchainhead"):
+            tables = (
+                "gateway_effectevent",
+                "gateway_receipt",
+                "gateway_auditchainhead",
+                "gateway_auditbatch",
+            )
+            for table in tables:
                 cursor.execute(f"GRANT SELECT, INSERT, UPDATE, TRUNCATE ON {table} TO {role}")
-            for table in ("gateway_effectevent", "gateway_receipt", "gateway_auditchainhead"):
+            for table in tables:
                 with pytest.raises(DatabaseError, match="TRUNCATE refused"), transaction.atomic():
                     cursor.execute(f"SET LOCAL ROLE {role}")
                     cursor.execute(f"TRUNCATE {table}")

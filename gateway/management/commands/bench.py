@@ -444,19 +444,15 @@ class Command(BaseCommand):
     def _seal_lag(self, ids: list[str]) -> list[float]:
         """Seconds from an event's creation to its seal, for this pass's events (sealed ones);
         waits up to 3 s for the sequencer to catch up."""
-        if not hasattr(EffectEvent, "sealed_at"):
-            return []
+        from gateway.audit import seal_times
+
+        events = dict(EffectEvent.objects.filter(effect_id__in=ids).values_list("pk", "created_at"))
         deadline = time.monotonic() + 3
-        events = EffectEvent.objects.filter(effect_id__in=ids)
-        while time.monotonic() < deadline and events.filter(sealed_at__isnull=True).exists():
+        sealed = seal_times(list(events))
+        while time.monotonic() < deadline and len(sealed) < len(events):
             time.sleep(0.1)
-        return [
-            (sealed - created).total_seconds()
-            for created, sealed in events.filter(sealed_at__isnull=False).values_list(
-                "created_at", "sealed_at"
-            )
-            if sealed is not None
-        ]
+            sealed = seal_times(list(events))
+        return [(at - events[pk]).total_seconds() for pk, at in sealed.items()]
 
     def _replay(self, tokens: list[str], prefix: str, count: int) -> list[float]:
         latencies = []

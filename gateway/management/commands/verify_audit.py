@@ -54,6 +54,13 @@ class Command(BaseCommand):
                 f"{', sealed ' + state.sealed_at.isoformat() if state.sealed_at else ''}); "
                 f"{state.unsealed} unsealed, sealing lag {state.lag_seconds:.3f}s"
             )
+            if state.halted:
+                broken += 1
+                self.stdout.write(
+                    f"{item.slug}: BROKEN: the sequencer has stopped: PostgreSQL's transaction "
+                    "ids are behind the chain's floor (restored into another cluster?); run "
+                    "manage.py audit_rebase"
+                )
             if not no_seal:
                 while seal_tenant(item.pk):
                     pass
