@@ -38,6 +38,7 @@ any, go to a closed port of the range (``--port`` + 99).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import multiprocessing
@@ -52,7 +53,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
@@ -233,6 +234,7 @@ class ProbeOps:
             "token": token,
             "session": client.cookies["sessionid"].value,
             "history": history,
+            "deep": self._deep_cursor(),
         }
 
     def _seal(self, history: list[tuple[str, dict]]) -> None:
@@ -323,6 +325,7 @@ class ProbeOps:
 
     def _api_queries(self) -> dict:
         from gateway.console.selectors import effects_for_triage
+        from gateway.models import Effect
         from gateway.selectors import effects_filtered
 
         agent = self.agent
@@ -336,6 +339,10 @@ class ProbeOps:
             "API list ?type=billing.refund.create": effects_filtered(
                 principal=agent, type="billing.refund.create"
             ).order_by("-command")[:50],
+            # A provider's webhook that names its operation but not our key.
+            "webhook receipt: the effect of an operation id": Effect.objects.filter(
+                command__provider="tickets", provider_operation_id=f"op_{self.effects // 3}"
+            ).values_list("pk", flat=True)[:1],
             "triage selector, oldest first, page 1": effects_for_triage(
                 principal=agent, now=timezone.now()
             ).order_by("command")[:51],
@@ -669,6 +676,10 @@ def main() -> int:
             setup = size.probe.call("setup", effects=size.effects, samples=args.block * 20)
             size.token, size.session, size.history = (
                 setup["token"], setup["session"], setup["history"])  # fmt: skip
+            # DRF's cursor for the page after the effect half-way down the history.
+            cursor = base64.b64encode(f"p={setup['deep']}".encode()).decode()
+            size.pages = {**PAGES, "API: GET /api/v1/effects?cursor= (depth N/2)":
+                          f"/api/v1/effects?cursor={quote(cursor)}"}  # fmt: skip
         measure(sizes, args, run)
         report(sizes, args, run)
     finally:
@@ -690,7 +701,7 @@ def measure(sizes: list[Size], args, run: str) -> None:
     with httpx.Client(timeout=60) as client:
         # A first block each, not counted: imports, connections, caches.
         for size in sizes:
-            ids = http_block(size, client, 4, run, -1, PAGES)
+            ids = http_block(size, client, 4, run, -1, size.pages)
             size.ids.extend(ids)
             size.probe.call("block", ids=ids, submits=2, run=run, block=-1)
             size.timings.clear()
@@ -698,7 +709,7 @@ def measure(sizes: list[Size], args, run: str) -> None:
             order = sizes[round_ % len(sizes) :] + sizes[: round_ % len(sizes)]
             for size in order:
                 loads.append(os.getloadavg()[0])
-                ids = http_block(size, client, args.block, run, round_, PAGES)
+                ids = http_block(size, client, args.block, run, round_, size.pages)
                 size.ids.extend(ids)
                 spent = size.probe.call(
                     "block", ids=ids, submits=args.block // 2, run=run, block=round_
@@ -738,7 +749,9 @@ def report(sizes: list[Size], args, run: str) -> None:
     plans = {
         size.label: size.probe.call(
             "plans",
-            pages={name: path.replace("{effect}", size.ids[0]) for name, path in PAGES.items()},
+            pages={
+                name: path.replace("{effect}", size.ids[0]) for name, path in size.pages.items()
+            },
             ids=[_fresh(size, run)],
             run=run,
         )
