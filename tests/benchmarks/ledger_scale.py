@@ -705,7 +705,7 @@ def measure(sizes: list[Size], args, run: str) -> None:
     import httpx
 
     loads = []
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(timeout=300) as client:
         # A first block each, not counted: imports, connections, caches.
         for size in sizes:
             ids = http_block(size, client, 4, run, -1, size.pages)
