@@ -79,6 +79,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    # PostgreSQL's hash indexes (gateway.models), which Django ships there.
+    "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
