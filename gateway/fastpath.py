@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone

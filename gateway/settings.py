@@ -79,7 +79,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
-    # ArrayField (gateway.models.AuditBatch); the ledger is PostgreSQL-only.
+    # ArrayField (gateway.models.AuditBatch) and hash indexes; the ledger is PostgreSQL-only.
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",

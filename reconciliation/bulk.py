@@ -189,14 +189,20 @@ def effects_probe_escalated(*, now=None) -> int:
         .values_list("pk", "command__provider")
     ):
         oldest.setdefault(provider, effect_id)
+    if not oldest:
+        return 0
+    # The providers asked in the last PROBE_INTERVAL, in one query that reads only those
+    # records (the partial index record_recent_lookup), not every record the ledger holds.
+    recent = set(
+        ReconciliationRecord.objects.filter(
+            kind=RecordKind.LOOKUP, created_at__gte=now - PROBE_INTERVAL
+        )
+        .values_list("effect__command__provider", flat=True)
+        .distinct()
+    )
     probed = 0
     for provider, effect_id in oldest.items():
-        recent = ReconciliationRecord.objects.filter(
-            effect__command__provider=provider,
-            kind=RecordKind.LOOKUP,
-            created_at__gte=now - PROBE_INTERVAL,
-        ).exists()
-        if recent:
+        if provider in recent:
             continue
         try:
             services.effect_reconcile(effect_id=effect_id)

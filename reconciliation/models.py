@@ -71,7 +71,16 @@ class ReconciliationRecord(models.Model):
                 name="record_manual_has_evidence",
             ),
         ]
-        indexes = [models.Index(fields=["effect", "id"], name="record_effect")]
+        indexes = [
+            models.Index(fields=["effect", "id"], name="record_effect"),
+            # The reconciler's probe (reconciliation.bulk.effects_probe_escalated): which
+            # providers were asked recently. Without it, a scan of every record, each sweep.
+            models.Index(
+                fields=["created_at"],
+                name="record_recent_lookup",
+                condition=Q(kind=RecordKind.LOOKUP),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.effect_id} {self.kind} {self.outcome}"

@@ -106,7 +106,12 @@ def live_promotion(principal: Principal, effect: Effect) -> Effect | None:
             tenant_id=principal.tenant_id,
             type=PROMOTION,
             status=S.CONFIRMED,
-            command__resource__id=(command.resource or {}).get("id"),
+            # The resource's columns, not its JSON: the command index on (tenant, resource
+            # type, resource id) finds the service's commands; by the JSON, every poll of
+            # the inbox read the whole command table.
+            command__tenant_id=principal.tenant_id,
+            command__resource_type=command.resource_type,
+            command__resource_id=command.resource_id,
             command__payload_redacted__environment=(command.payload_redacted or {}).get(
                 "environment"
             ),
@@ -119,7 +124,8 @@ def live_promotion(principal: Principal, effect: Effect) -> Effect | None:
 
 def look_alikes(principal: Principal, effects: list[Effect]) -> dict[str, list[Effect]]:
     """Effects of the tenant that already happened with the digest of one of ``effects``
-    under another key: the same thing asked twice, perhaps by mistake. One query."""
+    under another key: the same thing asked twice, perhaps by mistake. One query, served by
+    the hash index ``command_digest`` (without it, a scan of every command at each poll)."""
     digests = {e.command.payload_digest: e for e in effects}
     found: dict[str, list[Effect]] = {}
     for other in (
