@@ -279,6 +279,9 @@ class Command(models.Model):
             ),
         ]
         indexes = [
+            # The approvals inbox's "last confirmed change of this resource" (a deploy's
+            # previous SHA); tests/console/test_flat_pages.py reads a page's worth through it.
+            models.Index(fields=["tenant", "resource_type", "resource_id"]),
             # Provider webhooks find the command by the key they were sent.
             models.Index(fields=["provider", "provider_key"], name="command_provider_key"),
             # A saga's steps; most commands have no saga, so only those rows are indexed.
