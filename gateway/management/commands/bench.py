@@ -81,6 +81,22 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def web_server_command(options: dict, port: int) -> list[str]:
+    """One web node: ``--web-workers`` processes × ``--web-threads`` threads each."""
+    workers, threads = str(options["web_workers"]), str(options["web_threads"])
+    if options["web_server"] == "granian":
+        return [
+            sys.executable, "-m", "granian", "--interface", "wsgi",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--workers", workers, "--blocking-threads", threads, "--runtime-threads", "1",
+            "--log-level", "warning", "gateway.wsgi:application",
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "gunicorn", "gateway.wsgi", "-b", f"127.0.0.1:{port}",
+        "-w", workers, "--threads", threads, "-k", "gthread", "--log-level", "warning",
+    ]  # fmt: skip
+
+
 # --- CPU from /proc ----------------------------------------------------------------------------
 
 
@@ -145,6 +161,13 @@ class Command(BaseCommand):
         parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--web-threads", type=int, default=3)
+        parser.add_argument(
+            "--web-server",
+            default="gunicorn",
+            choices=["gunicorn", "granian"],
+            help="gunicorn's gthread worker (the deployment advice, docs/operations.md) or "
+            "granian, measured against it (docs/reliability.md)",
+        )
         parser.add_argument("--worker-concurrency", type=int, default=4)
         parser.add_argument("--worker-processes", type=int, default=1)
         # threads: the deployment advice (docs/operations.md): no pipe to a child per task.
@@ -238,19 +261,9 @@ class Command(BaseCommand):
         logs = settings.VAR_DIR / "bench"
         logs.mkdir(parents=True, exist_ok=True)
         children = [
-            self._spawn(
-                [
-                    sys.executable, "-m", "gunicorn", "gateway.wsgi",
-                    "-b", f"127.0.0.1:{port}",
-                    "-w", str(options["web_workers"]),
-                    "--threads", str(options["web_threads"]),
-                    "-k", "gthread", "--log-level", "warning",
-                ],
-                env,
-                logs / f"web{node}.log",
-            )
+            self._spawn(web_server_command(options, port), env, logs / f"web{node}.log")
             for node, port in enumerate(ports)
-        ]  # fmt: skip
+        ]
         web = len(children)
         for index in range(options["worker_processes"]):
             worker = [
@@ -497,9 +510,9 @@ class Command(BaseCommand):
     def _header(self, run: str, levels: list[int], rounds: int) -> None:
         o = self.options
         self.stdout.write(
-            f"bench {run}: c={levels}, {rounds} round(s); {o['web_nodes']} gunicorn × "
-            f"{o['web_workers']}×"
-            f"{o['web_threads']} gthread, {o['worker_processes']} Celery worker(s) ×"
+            f"bench {run}: c={levels}, {rounds} round(s); {o['web_nodes']} {o['web_server']} × "
+            f"{o['web_workers']}×{o['web_threads']} threads, "
+            f"{o['worker_processes']} Celery worker(s) ×"
             f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, tenants "
             f"{o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
         )
