@@ -1,4 +1,4 @@
-"""WSGI entry point for granian (docs/operations.md) or any WSGI server."""
+"""WSGI entry point for gunicorn or any WSGI server."""
 
 import os
 

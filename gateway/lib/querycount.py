@@ -5,7 +5,7 @@ than its statements (psycopg sends ``BEGIN`` before the first statement, Django 
 ``COMMIT`` at the end of the outermost ``atomic``); a statement outside any ``atomic`` is its
 own (implicit) transaction and costs one. Django's connection health check (``SELECT 1`` at
 the first use of a connection after each request, CONN_HEALTH_CHECKS) is counted too when it
-runs; Django's test client does not run it (it keeps connections across requests), a server
+runs; Django's test client does not run it (it keeps connections across requests), gunicorn
 does: one more round trip per HTTP request. Used by ``manage.py bench`` and by the test that
 pins the round trips of one effect.
 """

@@ -75,7 +75,7 @@ def send(monkeypatch, settings):
     full = list(django_settings.MIDDLEWARE)
     assert LANE in full
 
-    def run(lane: bool, method: str, path: str, body: Any = None, **headers: str) -> Answer:
+    def run(lane: bool, method: str, path: str, body: Any = None, **headers: Any) -> Answer:
         settings.MIDDLEWARE = full if lane else [m for m in full if m != LANE]
         cache.clear()  # throttle histories: each side starts from the same one
         dispatches.clear()
@@ -216,7 +216,7 @@ def test_a_bad_idempotency_key_is_the_same_400(send, agent, key):
         b"[1, 2, 3]",
         b'"just a string"',
         b"null",
-        *[v if isinstance(v, bytes) else v.encode() for v in BAD_BODIES.values()],
+        *[v if isinstance(v, bytes) else str(v).encode() for v in BAD_BODIES.values()],
     ],
 )
 def test_a_bad_body_is_the_same_4xx(send, agent, body, settings):

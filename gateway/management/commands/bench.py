@@ -5,12 +5,12 @@ against the same loopback sandbox provider (SPEC §6, in this process):
 
 - **the floor**: raw psycopg on a small connection pool, per effect ``INSERT … ON CONFLICT``
   → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost;
-- **the product**: the real HTTP API served by granian, real Celery workers (a thread pool, with
+- **the product**: the real HTTP API served by gunicorn, real Celery workers (a thread pool, with
   the beat embedded, so the sweeper and the audit sequencer run) on PostgreSQL + Redis, from
   ``POST /api/v1/commands`` to CONFIRMED in the ledger.
 
 Printed per concurrency (medians of the rounds): effects/s of both and their ratio, submit and
-end-to-end p50/p99, CPU ms per effect per process group read from ``/proc`` (web = granian,
+end-to-end p50/p99, CPU ms per effect per process group read from ``/proc`` (web = gunicorn,
 worker = Celery, pg = the PostgreSQL backends serving them), commits per effect (from
 ``pg_stat_database``), duplicates (the sandbox's operation log against the ledger), the audit
 sealing lag and the machine's load. Then a replay pass at c=1 and, in process, the statements,
@@ -158,14 +158,15 @@ class Command(BaseCommand):
             "--effects", type=int, default=0, help="effects per pass (default: 10 × c, ≥ 40)"
         )
         parser.add_argument("--quick", action="store_true", help="one round, small passes")
-        parser.add_argument("--web-nodes", type=int, default=1, help="web servers")
+        parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument(
             "--web-server",
-            default="granian",
-            choices=["granian", "gunicorn"],
-            help="granian (the deployment advice, docs/operations.md) or gunicorn's gthread",
+            default="gunicorn",
+            choices=["gunicorn", "granian"],
+            help="gunicorn's gthread worker (the deployment advice, docs/operations.md) or "
+            "granian, measured against it (docs/reliability.md)",
         )
         parser.add_argument("--worker-concurrency", type=int, default=4)
         parser.add_argument("--worker-processes", type=int, default=1)

@@ -410,9 +410,9 @@ def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) ->
         Child(
             "web",
             [
-                *[python, "-m", "granian", "--interface", "wsgi", "--host", host],
-                *["--port", str(port), "--workers", "2", "--blocking-threads", "4"],
-                *["--log-level", level.lower(), "gateway.wsgi:application"],
+                *[python, "-m", "gunicorn", "gateway.wsgi", "--bind", f"{host}:{port}"],
+                *["--workers", "2", "--threads", "4", "--worker-class", "gthread"],
+                *["--log-level", level.lower()],
             ],
         ),
         Child(
