@@ -160,8 +160,8 @@ class _CallPool:
 
 class _Window:
     """How many effects a drainer of this process may have claimed and not yet answered: one
-    when the process starts, one more for every answer it records (so it doubles with each
-    round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
+    when the process starts, one more for every answer that comes back (so it doubles with
+    each round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
     died waits for its leases to run out and for the reconciler to ask the provider; starting
     at one bounds that to one effect per life for a worker that keeps dying (a poison payload,
     an out-of-memory kill), and a healthy worker is at full width after a handful of rounds."""
@@ -219,15 +219,23 @@ class _Drainer:
 
     def run(self) -> int:
         while self.claiming or self.in_flight:
-            if self.claiming and self._claim_now():
-                room = self._width() - len(self.in_flight)
-                slots = self.pool.take(room, wait_for_one=not self.in_flight)
-                if slots:
-                    self._claim(slots)
-                    continue
+            if (
+                self.claiming
+                and self._claim_now()
+                and self._take_and_claim(wait=not self.in_flight)
+            ):
+                continue
             if self.in_flight:
                 self._collect()
         return self.sent
+
+    def _take_and_claim(self, *, wait: bool) -> bool:
+        """Claim as many as the window and this process's free call threads allow (with
+        ``wait``, wait for a thread if none is free). False when no thread was free."""
+        slots = self.pool.take(self._width() - len(self.in_flight), wait_for_one=wait)
+        if slots:
+            self._claim(slots)
+        return bool(slots)
 
     def _claim_now(self) -> bool:
         """Claim when nothing is in flight, when the last claim was full (a backlog), or when
@@ -244,7 +252,7 @@ class _Drainer:
         # Unless the last claim came back full (a backlog), this one may find nothing and end
         # the drain's claiming: clear the flag first, so that it sees every effect whose
         # submission found the flag still set.
-        last_chance = not self.last_full
+        last_chance = not self.in_flight or not self.last_full
         if last_chance and self.flag is not None:
             self.flag.clear()
         try:
@@ -317,13 +325,19 @@ class _Drainer:
         if pending:  # answers arriving together go into one statement
             more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
             done |= more
-        self._record(done)
+        answered = {future: self.in_flight.pop(future) for future in done}
+        self.window.grow(len(answered))
+        # Claim what these answers made room for before writing them: the next calls go out
+        # while the record statement runs, and a drain's last claim comes before its last
+        # record (once its effects read CONFIRMED, the drainer has only to return).
+        if self.claiming and self._claim_now():
+            self._take_and_claim(wait=False)
+        self._record(answered)
 
-    def _record(self, done: set[Future[services.Sent]]) -> None:
+    def _record(self, answered: dict[Future[services.Sent], BatchClaim]) -> None:
         now = timezone.now()
         answers: list[Answer] = []
-        for future in done:
-            claim = self.in_flight.pop(future)
+        for future, claim in answered.items():
             try:
                 sent = future.result()
             except Exception:
@@ -348,7 +362,6 @@ class _Drainer:
             else:  # stale, or a webhook endpoint of its tenant needs its outbox row
                 services.fast_record_general(answer.claim, answer.result, worker=self.worker)
         failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged
-        self.window.grow(len(answers))
 
 
 def _drain_general(flag: DueFlag | None, worker: str) -> int:

@@ -96,7 +96,7 @@ def test_the_window_opens_one_effect_at_a_time(sandbox, agent):
         )
         sizes = [claims[started] for started in sorted(claims)]
         assert sizes[0] == 1 and sizes[1] <= 2, sizes
-        assert window.size == 8  # one more per answer recorded
+        assert window.size == 8  # one more per answer
     finally:
         window.size = previous
     assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
