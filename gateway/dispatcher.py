@@ -10,25 +10,31 @@ drainer is on its way or at work, and it will claim their effects.
 ``GATEWAY_DISPATCH_BATCH`` due effects in one statement (gateway.fastpath_batch), send them on
 this process's call pool (``GATEWAY_DISPATCH_CALLS`` threads sharing the adapter's keep-alive
 client), record the answers as they come back, several per statement, and claim again as slots
-free up. When a claim finds nothing, the drainer clears the flag and claims once more; it stops
-claiming when a claim *after* the clear finds nothing, and returns once its calls are
-recorded.
+free up. Unless its last claim came back full (a backlog), a claim may find nothing and be the
+drainer's last, so the drainer clears the flag just before it: if the claim finds work, the
+drainer sets the flag again (``hold``) and goes on; if it finds nothing, the drainer stops
+claiming and returns once its calls are recorded. So a drainer stops claiming only after a
+claim that followed its clear found nothing, and every clear is followed by a claim; a slow
+provider leaves one empty claim per drain, not one per poll.
 
 **Why no committed effect is left behind** (the coalescing argument). Take a submission S that
 committed its effect E and then found the flag set (so it published nothing). The flag it saw
 was set by a submission that then published a task T; T's drainer has not yet cleared that
 flag, since it still stood when S looked. The flag goes away in one of two ways:
 
-1. a drainer clears it (T's, or another one's: any drainer clears the flag when it runs out of
-   work). That clear came after S looked, so after E's commit; and every drainer claims again
-   after its clear before it stops. That claim is a new statement with a new snapshot: it sees
-   E. It either claims E, or finds E locked (another claim statement is taking it, or the
-   sweeper is re-sending it), or E is no longer due (cancelled, claimed and sent already);
+1. a drainer clears it (T's, or another one's: a drainer clears whatever flag stands before
+   each claim that may be its last). That clear came after S looked, so after E's commit, and
+   a claim follows it: a new statement with a new snapshot, which sees E. It claims E, or
+   finds E locked (another claim statement is taking it, or the sweeper is re-sending it), or
+   E is no longer due (cancelled, claimed and sent already);
 2. it expires (``GATEWAY_DUE_FLAG_TTL``) before anyone clears it. T is then still in the
-   queue or its drainer still runs (a long drain): either way T's drainer claims after its own
-   clear, which comes after S looked. Only if T was lost (a broker restart, a worker killed
-   mid-drain) is E not claimed by a drainer; its ``next_dispatch_at`` (set at submission)
-   then makes the dispatch sweeper send it, as it does for any lost message.
+   queue or its drainer still runs (a long drain): either way T's drainer stops only after a
+   clear and a claim that come after S looked. Only if T was lost (a broker restart, a worker
+   killed mid-drain) is E not claimed by a drainer; its ``next_dispatch_at`` (set at
+   submission) then makes the dispatch sweeper send it, as it does for any lost message.
+
+A flag set again by a drainer (``hold``) is the same case with T = that drainer's own task:
+it has not cleared since, and it stops only after a clear and a claim.
 
 A drainer whose window is full (its claims came back full up to its last slot: more may be
 due than it takes at a time) publishes one more ``dispatch_due``, once, so that idle workers
@@ -100,6 +106,11 @@ class DueFlag:
     def clear(self) -> None:
         _redis().delete(self.key)
 
+    def hold(self) -> None:
+        """Set it again, whoever set it before: a drainer that found work after its clear."""
+        ttl_ms = max(1, int(settings.GATEWAY_DUE_FLAG_TTL * 1000))
+        _redis().set(self.key, b"1", px=ttl_ms)
+
 
 def announce_due(task: Any, effect_id: str = "") -> None:
     """Tell the workers that dispatch work is due (``hooks.due_sender``; ``effect_id`` is the
@@ -149,8 +160,8 @@ class _CallPool:
 
 class _Window:
     """How many effects a drainer of this process may have claimed and not yet answered: one
-    when the process starts, one more for every answer it records (so it doubles with each
-    round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
+    when the process starts, one more for every answer that comes back (so it doubles with
+    each round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
     died waits for its leases to run out and for the reconciler to ask the provider; starting
     at one bounds that to one effect per life for a worker that keeps dying (a poison payload,
     an out-of-memory kill), and a healthy worker is at full width after a handful of rounds."""
@@ -198,7 +209,6 @@ class _Drainer:
         self.in_flight: dict[Future[services.Sent], BatchClaim] = {}
         self.skip: list[str] = []  # handed to the general path in this drain
         self.claiming = True
-        self.cleared = False
         self.helped = False
         self.last_claim = 0.0
         self.last_full = False
@@ -209,15 +219,23 @@ class _Drainer:
 
     def run(self) -> int:
         while self.claiming or self.in_flight:
-            if self.claiming and self._claim_now():
-                room = self._width() - len(self.in_flight)
-                slots = self.pool.take(room, wait_for_one=not self.in_flight)
-                if slots:
-                    self._claim(slots)
-                    continue
+            if (
+                self.claiming
+                and self._claim_now()
+                and self._take_and_claim(wait=not self.in_flight)
+            ):
+                continue
             if self.in_flight:
                 self._collect()
         return self.sent
+
+    def _take_and_claim(self, *, wait: bool) -> bool:
+        """Claim as many as the window and this process's free call threads allow (with
+        ``wait``, wait for a thread if none is free). False when no thread was free."""
+        slots = self.pool.take(self._width() - len(self.in_flight), wait_for_one=wait)
+        if slots:
+            self._claim(slots)
+        return bool(slots)
 
     def _claim_now(self) -> bool:
         """Claim when nothing is in flight, when the last claim was full (a backlog), or when
@@ -231,6 +249,12 @@ class _Drainer:
         )
 
     def _claim(self, slots: int) -> None:
+        # Unless the last claim came back full (a backlog), this one may find nothing and end
+        # the drain's claiming: clear the flag first, so that it sees every effect whose
+        # submission found the flag still set.
+        last_chance = not self.in_flight or not self.last_full
+        if last_chance and self.flag is not None:
+            self.flag.clear()
         try:
             batch = claim_batch(limit=slots, worker=self.worker, skip=self.skip)
         except BaseException:
@@ -250,17 +274,15 @@ class _Drainer:
         if self.last_full and len(self.in_flight) >= self.limit and not self.helped:
             # Only at full width: a window still opening is not a backlog.
             self._call_for_help()
+        if batch.picked and last_chance and self.flag is not None:
+            self.flag.hold()  # at work again: submissions may stay quiet
         for effect_id in batch.refused:
             self._general(effect_id)
-        if batch.picked:
-            return
-        if self.flag is None or self.cleared:
-            self.claiming = False  # nothing due, and nobody counts on a later claim of ours
-        else:
-            # Nothing due: clear the flag, then claim once more. That claim starts after the
-            # clear, so it sees every effect whose submission found the flag still set.
-            self.flag.clear()
-            self.cleared = True
+        if last_chance and not batch.picked:
+            # Nothing due after the clear: nobody counts on a claim of ours any more. The calls
+            # still out are recorded; new work gets a drainer of its own (its submission
+            # found no flag).
+            self.claiming = False
 
     def _send(self, claim: BatchClaim) -> services.Sent:
         try:
@@ -303,13 +325,19 @@ class _Drainer:
         if pending:  # answers arriving together go into one statement
             more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
             done |= more
-        self._record(done)
+        answered = {future: self.in_flight.pop(future) for future in done}
+        self.window.grow(len(answered))
+        # Claim what these answers made room for before writing them: the next calls go out
+        # while the record statement runs, and a drain's last claim comes before its last
+        # record (once its effects read CONFIRMED, the drainer has only to return).
+        if self.claiming and self._claim_now():
+            self._take_and_claim(wait=False)
+        self._record(answered)
 
-    def _record(self, done: set[Future[services.Sent]]) -> None:
+    def _record(self, answered: dict[Future[services.Sent], BatchClaim]) -> None:
         now = timezone.now()
         answers: list[Answer] = []
-        for future in done:
-            claim = self.in_flight.pop(future)
+        for future, claim in answered.items():
             try:
                 sent = future.result()
             except Exception:
@@ -334,7 +362,6 @@ class _Drainer:
             else:  # stale, or a webhook endpoint of its tenant needs its outbox row
                 services.fast_record_general(answer.claim, answer.result, worker=self.worker)
         failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged
-        self.window.grow(len(answers))
 
 
 def _drain_general(flag: DueFlag | None, worker: str) -> int:

@@ -490,15 +490,30 @@ class Command(BaseCommand):
         effect_id = response.json()["effect_id"]
         with count_round_trips() as dispatched:
             services.effect_dispatch(effect_id=effect_id)
+        # A drainer's batch of ten (gateway.dispatcher), its window already open.
+        from gateway import dispatcher
+
+        for index in range(10):
+            client.post(
+                "/api/v1/commands",
+                data=json.dumps({**BODY, "payload": {"title": f"batch {index}", "priority": "P4"}}),
+                content_type="application/json",
+                HTTP_AUTHORIZATION=f"Bearer {token}",
+                HTTP_IDEMPOTENCY_KEY=f"count:{run}:{index}",
+            )
+        dispatcher._process_state()[1].size = settings.GATEWAY_DISPATCH_BATCH
+        with count_round_trips() as batch:
+            drained = dispatcher.drain(flag=None)
         from gateway.celery import app
 
-        with app.connection_for_write() as conn:  # the message nobody consumes any more
+        with app.connection_for_write() as conn:  # the messages nobody consumes any more
             conn.default_channel.queue_purge(f"bench-{run}")  # type: ignore[attr-defined]
         self.stdout.write(
             f"round trips per effect (in process): submission {submitted.summary()}; "
             f"dispatch {dispatched.summary()}; total "
             f"{submitted.round_trips + dispatched.round_trips} round trips, "
-            f"{submitted.commits + dispatched.commits} commits"
+            f"{submitted.commits + dispatched.commits} commits; a drainer's batch of "
+            f"{drained}: {batch.summary()}"
         )
 
     # -- printing ----------------------------------------------------------------------------
