@@ -15,8 +15,9 @@ the transaction that inserted it (``txid``, set by the database). When a pass ha
 committed event it could see, every transaction below its snapshot's ``xmin`` had ended, so an
 event that becomes visible later has a ``txid`` at or above that ``xmin``: it becomes the
 tenant's floor (``AuditChainHead.floor_txid``). The unsealed events are those at or above the
-floor (index ``event_seal_queue``) that no batch reaching the floor names: a range scan of a
-few rows, and nothing at all to write when nothing committed. (The same reasoning as PgQ's
+floor (index ``event_seal_queue``) that none of the batches still holding events at or above it
+(``AuditChainHead.reach``, usually the last one or two) names: a range scan of a few rows, and
+nothing at all to write when nothing committed. (The same reasoning as PgQ's
 snapshot-bounded batches, without their wait for the oldest transaction of the cluster.)
 
 What protects an event between its commit and its seal (the sealing lag, about the interval):
@@ -133,12 +134,14 @@ SELECT LEAST(pg_snapshot_xmin(s), pg_current_xact_id_if_assigned())::text::bigin
   FROM pg_current_snapshot() AS s
 """
 
-# Events of the tenant at or above the floor that no batch reaching the floor names: the
-# subquery does not depend on the event, so PostgreSQL hashes it once.
+# Events of the tenant at or above the floor that none of the batches in the head's reach
+# names. The batches are read by primary key (a range over the batch table would be planned
+# from a guess: the floor is a parameter), and the subquery does not depend on the event, so
+# PostgreSQL hashes it once.
 _UNSEALED = """
 e.tenant_id = %(tenant)s AND e.txid >= %(floor)s
 AND e.id NOT IN (SELECT unnest(b.event_ids) FROM gateway_auditbatch b
-                  WHERE b.tenant_id = %(tenant)s AND b.max_txid >= %(floor)s)
+                  WHERE b.id = ANY (%(reach)s::bigint[]))
 """
 
 _EVENT_FIELDS = [
@@ -201,7 +204,12 @@ def seal_tenant(
         with prepared.cursor() as cursor:
             cursor.execute(
                 _CANDIDATES_ALL if everything else _CANDIDATES,
-                {"tenant": tenant_id, "floor": head.floor_txid, "limit": batch},
+                {
+                    "tenant": tenant_id,
+                    "floor": head.floor_txid,
+                    "reach": head.reach,
+                    "limit": batch,
+                },
             )
             rows = cursor.fetchall()
         low, high = rows[0][0], rows[0][1]
@@ -211,7 +219,9 @@ def seal_tenant(
         rows = [row for row in rows if row[2] is not None]
         if not rows:
             if after_full and low > head.floor_txid:
-                AuditChainHead.objects.filter(pk=head.pk).update(floor_txid=low)
+                AuditChainHead.objects.filter(pk=head.pk).update(
+                    floor_txid=low, reach=_reaching(head.reach, low)
+                )
             return 0
         events = [_event_from_row(row[3:]) for row in rows]
         previous, links = head.last_hash, []
@@ -219,7 +229,7 @@ def seal_tenant(
             previous = link_hash(previous, event)
             links.append(bytes.fromhex(previous))
         now = timezone.now()
-        AuditBatch.objects.create(
+        sealed = AuditBatch.objects.create(
             tenant_id=tenant_id,
             first=head.length + 1,
             last=head.length + len(events),
@@ -241,8 +251,20 @@ def seal_tenant(
             length=head.length + len(events),
             sealed_at=now,
             floor_txid=floor,
+            reach=_reaching([*head.reach, sealed.pk], floor),
         )
     return len(events)
+
+
+def _reaching(batch_ids: list[int], floor: int) -> list[int]:
+    """Of these batches, those still holding an event at or above ``floor``."""
+    if not batch_ids:
+        return []
+    return sorted(
+        AuditBatch.objects.filter(pk__in=batch_ids, max_txid__gte=floor).values_list(
+            "pk", flat=True
+        )
+    )
 
 
 def _report_halted(tenant_id: int, floor: int, high: int) -> None:
@@ -264,8 +286,7 @@ SELECT t.id FROM gateway_tenant t
       WHERE e.tenant_id = t.id AND e.txid >= COALESCE(h.floor_txid, 0)
         AND NOT EXISTS (
             SELECT 1 FROM gateway_auditbatch b
-             WHERE b.tenant_id = t.id AND b.max_txid >= COALESCE(h.floor_txid, 0)
-               AND e.id = ANY (b.event_ids))
+             WHERE b.id = ANY (h.reach) AND e.id = ANY (b.event_ids))
       -- in index order: the planner cannot see how few rows a parameter floor leaves
       ORDER BY e.txid LIMIT 1
  ) AS work
@@ -321,6 +342,7 @@ class SealState:
 _FLOOR = (
     "(SELECT COALESCE(max(floor_txid), 0) FROM gateway_auditchainhead WHERE tenant_id = %(tenant)s)"
 )
+_REACH = "(SELECT reach FROM gateway_auditchainhead WHERE tenant_id = %(tenant)s)"
 
 _SEAL_STATE = f"""
 WITH horizon AS ({_HORIZON})
@@ -330,7 +352,7 @@ SELECT h.length, h.last_hash, h.sealed_at, {_FLOOR} > horizon.high, waiting.coun
   LEFT JOIN gateway_auditchainhead AS h ON h.tenant_id = %(tenant)s
  CROSS JOIN (
       SELECT count(*) AS count, min(e.created_at) AS oldest FROM gateway_effectevent e
-       WHERE {_UNSEALED.replace("%(floor)s", _FLOOR)}
+       WHERE {_UNSEALED.replace("%(floor)s", _FLOOR).replace("%(reach)s", _REACH)}
  ) AS waiting
 """
 

@@ -169,6 +169,9 @@ class AuditChainHead(models.Model):
     # Every event of the tenant whose ``txid`` is below this is sealed (or was rolled back and
     # never existed): the sequencer looks for unsealed events from here on (gateway.audit).
     floor_txid = models.BigIntegerField(default=0)
+    # The batches (ids) holding an event at or above the floor: the sealed events the
+    # sequencer finds there are theirs. Usually the last one or two.
+    reach = ArrayField(models.BigIntegerField(), default=list)
 
     def __str__(self) -> str:
         return f"chain of {self.tenant_id} at {self.length}"
@@ -190,8 +193,8 @@ class AuditBatch(models.Model):
     # The chain's head before this batch, and after it (its last link, hex).
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
-    # The highest ``txid`` among its events: the sequencer's search for unsealed events at or
-    # above a floor only has to exclude the events of batches that reach the floor.
+    # The highest ``txid`` among its events: while it is at or above its tenant's floor, the
+    # batch is in the head's ``reach``.
     max_txid = models.BigIntegerField()
     sealed_at = models.DateTimeField()
 
@@ -199,10 +202,6 @@ class AuditBatch(models.Model):
         constraints = [
             # The chain in order, and the batch holding a given position (checkpoints).
             models.UniqueConstraint(fields=["tenant", "last"], name="audit_batch_chain"),
-        ]
-        indexes = [
-            # The sequencer: the batches that reach its floor (gateway.audit.seal_tenant).
-            models.Index(fields=["tenant", "max_txid"], name="audit_batch_reach"),
         ]
 
     def __str__(self) -> str:

@@ -9,8 +9,8 @@ unchanged (``link = sha256(previous ‖ JCS(event))``), so the links already com
 
 How the sequencer finds unsealed events without a marker on them: every event now records the
 id of the transaction that inserted it (``txid``, a column default: no statement names it),
-and each head a floor below which everything is sealed (gateway.audit explains why that
-holds). ``gateway_txid_offset()`` keeps those ids rising across a logical restore into another
+and each head a floor below which everything is sealed, with the few batches that hold events
+at or above it (gateway.audit explains why that holds). ``gateway_txid_offset()`` keeps those ids rising across a logical restore into another
 cluster (``manage.py audit_rebase`` moves it; until then the sequencer stops, loudly).
 
 Here: events sealed before (position set) become batches of up to 1000 links in position order,
@@ -165,7 +165,6 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
-                "indexes": [models.Index(fields=["tenant", "max_txid"], name="audit_batch_reach")],
                 "constraints": [
                     models.UniqueConstraint(fields=("tenant", "last"), name="audit_batch_chain")
                 ],
@@ -175,6 +174,13 @@ class Migration(migrations.Migration):
             model_name="auditchainhead",
             name="floor_txid",
             field=models.BigIntegerField(default=0),
+        ),
+        migrations.AddField(
+            model_name="auditchainhead",
+            name="reach",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.BigIntegerField(), default=list, size=None
+            ),
         ),
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunSQL(TXID_COLUMN, migrations.RunSQL.noop)],

@@ -280,3 +280,17 @@ def test_the_controls_page_shows_the_sealed_head_and_the_sealing_lag(oscar, gran
     head = audit.seal_state(oscar.principal.tenant_id)
     assert f"link {head.length}" in section and head.last_hash[:12] in section
     assert "0 events" in section and "sealing lag" not in section
+
+
+def test_the_controls_page_says_when_the_sequencer_has_stopped(oscar, grants):
+    """After a logical restore into another cluster the sequencer stops (gateway.audit): the
+    audit panel says so and names the fix."""
+    from gateway import audit
+    from gateway.models import AuditChainHead
+
+    audit.seal_pending()
+    html = oscar.client.get("/controls").content.decode()
+    assert "audit_rebase" not in html[html.index('id="audit"') :]
+    AuditChainHead.objects.filter(tenant_id=oscar.principal.tenant_id).update(floor_txid=10**15)
+    html = oscar.client.get("/controls").content.decode()
+    assert "manage.py audit_rebase" in html[html.index('id="audit"') :]
