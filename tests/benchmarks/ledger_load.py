@@ -527,7 +527,9 @@ _ROWS = [
            jsonb_build_object('runtime', 'claude-code', 'agent', 'scale-bot',
                               'run_id', 'run_' || (b.g / 40)),
            %(agent)s, NULL, 0, k.approval <> 'not_required', NULL, '', '',
-           b.at + interval '1 hour', b.at
+           -- the open queue stays open for the run (the sweeper expires what is due)
+           CASE WHEN b.kind LIKE 'open%%' THEN now() + interval '7 days'
+                ELSE b.at + interval '1 hour' END, b.at
       FROM b JOIN b_sealed bs USING (g) JOIN scale_type t USING (ti) JOIN scale_kind k USING (kind)
      ORDER BY b.g
     """,

@@ -231,12 +231,42 @@ class ProbeOps:
             history.append((f"scale-{g}", body))
         history = history[:samples]
         self._seal(history)
+        self._top_up_approvals()
         return {
             "token": token,
             "session": client.cookies["sessionid"].value,
             "history": history,
             "deep": self._deep_cursor(),
         }
+
+    def _top_up_approvals(self, waiting: int = 50) -> None:
+        """The approvals inbox holds ``waiting`` commands, half of them promotions to
+        production of services the history promoted (what is live is looked up for those),
+        submitted through the service; they expire in a week, after the run."""
+        from gateway import services
+        from gateway.models import Effect
+
+        have = Effect.objects.filter(tenant=self.agent.tenant, status="AWAITING_APPROVAL").count()
+        for index in range(have, waiting):
+            if index % 2:
+                body = {
+                    "type": "billing.refund.create",
+                    "resource": {"type": "order", "id": f"ord_881-{index}", "version": 17},
+                    "payload": {"amount": 25_000, "currency": "EUR", "reason": "duplicate"},
+                }
+            else:
+                body = {
+                    "type": "deployment.release.promote",
+                    "resource": {"type": "service", "id": f"catalog-{index}", "version": 41},
+                    "payload": {"environment": "production", "sha": "a1b2c3d4e5f6",
+                                "release": f"r-{index}"},
+                }  # fmt: skip
+            services.command_submit(
+                principal=self.agent,
+                idempotency_key=f"approval:{uuid.uuid4().hex}",
+                expires_in=7 * 24 * 3600,
+                **body,
+            )
 
     def _seal(self, history: list[tuple[str, dict]]) -> None:
         """The loader writes one placeholder ciphertext; a replay answers with the clear
