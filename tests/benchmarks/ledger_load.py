@@ -167,7 +167,7 @@ KINDS = {
             (_SUBMIT, _CLAIM, _sent("UNKNOWN")),
             last_outcome="unknown",
             checks=2,
-            next_check="1 hour",
+            next_check="7 days",
             record=("lookup", "inconclusive"),
             settle="1 second",
         ),
@@ -179,7 +179,7 @@ KINDS = {
             receipt="dispatch",
             provider_status="processing",
             checks=1,
-            next_check="30 minutes",
+            next_check="7 days",
             settle="1 second",
         ),
         Kind(
