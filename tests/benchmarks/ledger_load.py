@@ -167,7 +167,7 @@ KINDS = {
             (_SUBMIT, _CLAIM, _sent("UNKNOWN")),
             last_outcome="unknown",
             checks=2,
-            next_check="1 hour",
+            next_check="7 days",
             record=("lookup", "inconclusive"),
             settle="1 second",
         ),
@@ -179,7 +179,7 @@ KINDS = {
             receipt="dispatch",
             provider_status="processing",
             checks=1,
-            next_check="30 minutes",
+            next_check="7 days",
             settle="1 second",
         ),
         Kind(
@@ -524,7 +524,9 @@ _ROWS = [
            jsonb_build_object('runtime', 'claude-code', 'agent', 'scale-bot',
                               'run_id', 'run_' || (b.g / 40)),
            %(agent)s, NULL, 0, k.approval <> 'not_required', NULL, '', '',
-           b.at + interval '1 hour', b.at
+           -- the open queue stays open for the run (the sweeper expires what is due)
+           CASE WHEN b.kind LIKE 'open%%' THEN now() + interval '7 days'
+                ELSE b.at + interval '1 hour' END, b.at
       FROM b JOIN b_sealed bs USING (g) JOIN scale_type t USING (ti) JOIN scale_kind k USING (kind)
      ORDER BY b.g
     """,

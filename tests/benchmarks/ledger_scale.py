@@ -8,9 +8,10 @@ Each size gets a scratch database of its own, named after DATABASE_URL's (``eg_s
 ``eg_scale_1m``, ``eg_scale_5m``), loaded once by ``tests/benchmarks/ledger_load.py`` (what
 is written, and in what proportions, is described there: about 3 events, 1 attempt and 1
 receipt per effect, and the same open queue at every size) and reused by later runs until
-``--drop``. Loading here (2 shared cores, PostgreSQL 15 with its default 128 MB of shared
-buffers): 10 k effects in about 5 s, 1 M in about 4 min, 5 M in about 22 min; 5 M take about
-15 GB of disk.
+``--drop``. Loading here (2 shared cores at load 2–6, PostgreSQL 15 with its default 128 MB of
+shared buffers): 10 k effects in 13 s, 1 M in 4 min (56 MB and 3.9 GB on disk), 5 M in 21 min
+(rows 14 min, rebuilding the indexes 6, VACUUM ANALYZE 1; 19 GB). A measuring run of 8
+rounds of the three sizes takes 25–40 minutes.
 
 Then, per size, one gunicorn (1 process × 2 threads, as ``manage.py bench`` starts it) and one
 probe process (Django, in process, its own connection), and rounds in which every size gets
@@ -231,12 +232,42 @@ class ProbeOps:
             history.append((f"scale-{g}", body))
         history = history[:samples]
         self._seal(history)
+        self._top_up_approvals()
         return {
             "token": token,
             "session": client.cookies["sessionid"].value,
             "history": history,
             "deep": self._deep_cursor(),
         }
+
+    def _top_up_approvals(self, waiting: int = 50) -> None:
+        """The approvals inbox holds ``waiting`` commands, half of them promotions to
+        production of services the history promoted (what is live is looked up for those),
+        submitted through the service; they expire in a week, after the run."""
+        from gateway import services
+        from gateway.models import Effect
+
+        have = Effect.objects.filter(tenant=self.agent.tenant, status="AWAITING_APPROVAL").count()
+        for index in range(have, waiting):
+            if index % 2:
+                body = {
+                    "type": "billing.refund.create",
+                    "resource": {"type": "order", "id": f"ord_881-{index}", "version": 17},
+                    "payload": {"amount": 25_000, "currency": "EUR", "reason": "duplicate"},
+                }
+            else:
+                body = {
+                    "type": "deployment.release.promote",
+                    "resource": {"type": "service", "id": f"catalog-{index}", "version": 41},
+                    "payload": {"environment": "production", "sha": "a1b2c3d4e5f6",
+                                "release": f"r-{index}"},
+                }  # fmt: skip
+            services.command_submit(
+                principal=self.agent,
+                idempotency_key=f"approval:{uuid.uuid4().hex}",
+                expires_in=7 * 24 * 3600,
+                **body,
+            )
 
     def _seal(self, history: list[tuple[str, dict]]) -> None:
         """The loader writes one placeholder ciphertext; a replay answers with the clear
@@ -606,6 +637,8 @@ PAGES = {
     "console: search by key (/search?q=)": "/search?q=scale-777",
     "API: GET /api/v1/effects (newest)": "/api/v1/effects",
     "API: GET /api/v1/effects?status=UNKNOWN": "/api/v1/effects?status=UNKNOWN",
+    # A Prometheus scrape (loopback needs no token): the ledger's gauges, read at scrape time.
+    "metrics scrape (/metrics)": "/metrics",
 }
 
 
