@@ -11,7 +11,7 @@ receipt per effect, and the same open queue at every size) and reused by later r
 ``--drop``. Loading here (2 shared cores at load 2–6, PostgreSQL 15 with its default 128 MB of
 shared buffers): 10 k effects in 13 s, 1 M in 4 min (56 MB and 3.9 GB on disk), 5 M in 21 min
 (rows 14 min, rebuilding the indexes 6, VACUUM ANALYZE 1; 19 GB). A measuring run of 8
-rounds of the three sizes takes 25–40 minutes.
+rounds of the three sizes takes 15–40 minutes (the load of the machine).
 
 Then, per size, one gunicorn (1 process × 2 threads, as ``manage.py bench`` starts it) and one
 probe process (Django, in process, its own connection), and rounds in which every size gets
