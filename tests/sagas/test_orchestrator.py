@@ -86,7 +86,9 @@ def test_a_frozen_saga_issues_nothing_until_unfrozen(agent, operator, sandbox, s
     assert response.status_code == 200
     assert selectors.saga_blocks_dispatch(saga_id) is False
     assert saga(agent, saga_id)["state"] == "COMPLETED"
-    kinds = list(SagaEvent.objects.filter(run_id=saga_id).values_list("kind", flat=True))
+    kinds = list(
+        SagaEvent.objects.filter(run_id=saga_id).order_by("id").values_list("kind", flat=True)
+    )
     assert kinds.index("frozen") < kinds.index("unfrozen")
 
 

@@ -69,7 +69,11 @@ def test_happy_path_sends_each_step_once_in_order(start, agent, sandbox):
     )
     assert by_name["notify_customer"]["compensation"]["irreversible"] is True
     assert by_name["notify_customer"]["compensation"]["owner"] == "lifecycle-messaging"
-    kinds = list(SagaEvent.objects.filter(run_id=body["saga_id"]).values_list("kind", flat=True))
+    kinds = list(
+        SagaEvent.objects.filter(run_id=body["saga_id"])
+        .order_by("id")
+        .values_list("kind", flat=True)
+    )
     assert kinds.count("step_issued") == 4
     assert kinds[0] == "started" and kinds[-1] == "state"
     assert SagaEvent.objects.filter(run_id=body["saga_id"]).last().to_state == "COMPLETED"
@@ -238,9 +242,9 @@ def test_an_unknown_step_pauses_the_saga_until_it_is_reconciled(start, settle, o
     assert op_types(sandbox) == FORWARD
     assert len(sends(sandbox, charge.command.provider_key)) == 1
     states = list(
-        SagaEvent.objects.filter(run_id=body["saga_id"], kind="state").values_list(
-            "from_state", "to_state"
-        )
+        SagaEvent.objects.filter(run_id=body["saga_id"], kind="state")
+        .order_by("id")
+        .values_list("from_state", "to_state")
     )
     assert ("RUNNING", "PAUSED_UNKNOWN") in states
     assert ("PAUSED_UNKNOWN", "RUNNING") in states
