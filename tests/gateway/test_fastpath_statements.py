@@ -63,3 +63,23 @@ def test_the_hot_statements_are_prepared_once_per_connection(agent, sandbox):
     # cmd (submit), old (claim), recorded (record): each one statement, reused.
     assert set(statements) >= {"cmd", "old", "recorded"}, statements
     assert all(generic + custom >= 7 for generic, custom in statements.values())
+
+
+def test_the_hot_statements_are_planned_once_not_six_times(agent, sandbox):
+    """With plan_cache_mode force_generic_plan (GATEWAY_DB_GENERIC_PLANS) a prepared statement
+    is planned at its first execution and never again on its connection; PostgreSQL's default
+    plans the first five executions for their parameters (custom plans) before settling on
+    the generic plan, and those plans cost more than running the statements."""
+    from gateway import services
+    from tests.conftest import TICKET
+
+    for index in range(7):
+        effect_id = agent.submit(TICKET, f"g{index}").json()["effect_id"]
+        services.effect_dispatch(effect_id=effect_id, worker="test")
+    statements = {
+        statement.split()[1]: (generic, custom)
+        for statement, generic, custom in prepared_statements()
+        if statement.lstrip().startswith("WITH")
+    }
+    assert set(statements) >= {"cmd", "old", "recorded"}, statements
+    assert all(custom == 0 for _generic, custom in statements.values()), statements
