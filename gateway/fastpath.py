@@ -334,36 +334,47 @@ def submit(
 
 # --- 2. claim ----------------------------------------------------------------------------------
 
-_CLAIM = """
-WITH old AS (
-    SELECT effect_id, status FROM gateway_effect
-    WHERE effect_id = %(id)s AND status IN ('PREPARED', 'NOT_STARTED') AND NOT frozen
-    FOR UPDATE
-), claimed AS (
+# The claim, written once for both callers: this module's single claim (the effect named,
+# locked by ``old``) and the drainer's batch (``gateway.fastpath_batch``: the due effects
+# ``due`` picked and locked). ``claimed`` moves to DISPATCHING at ``fence + 1`` exactly those
+# rows of ``{locked}`` (effect_id, status) for which every dispatch check holds; each gets its
+# ``claimed`` event and its ``sending`` attempt. An approval must name this command's digest
+# (anything else: the general path refuses). No SQL comment in here: ``_compact`` puts the
+# statement on one line. Parameters: now, lease, types and budgets (each type's attempt
+# budget; unknown types: none), approved_after, actor, worker.
+CLAIM_CHECKS = """
+c.effect_id = e.effect_id AND p.id = c.requested_by_id
+AND c.expires_at > %(now)s
+AND budget.type = e.type AND e.attempt_count < budget.attempts
+AND NOT p.frozen
+AND c.saga_id = ''
+AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
+AND (NOT c.approval_required OR (e.approval_state = 'approved'
+                                 AND e.approved_digest = c.payload_digest))
+AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
+                 WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
+AND (c.capability_id IS NULL OR EXISTS (
+     SELECT 1 FROM gateway_capability k WHERE k.id = c.capability_id
+        AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > %(now)s)))
+"""
+
+
+def claim_ctes(locked: str) -> str:
+    """The ``claimed``, ``ev`` and ``attempt`` CTEs over the locked rows of CTE ``locked``."""
+    return f"""
+claimed AS (
     UPDATE gateway_effect e
        SET status = 'DISPATCHING', fence = e.fence + 1, attempt_count = e.attempt_count + 1,
            next_dispatch_at = NULL, lease_expires_at = %(lease)s, status_changed_at = %(now)s,
            updated_at = %(now)s
-      FROM old, gateway_command c, gateway_principal p,
+      FROM {locked}, gateway_command c, gateway_principal p,
            unnest(%(types)s::text[], %(budgets)s::int[]) AS budget (type, attempts)
-     WHERE e.effect_id = old.effect_id AND e.status = old.status AND NOT e.frozen
-       AND c.effect_id = e.effect_id AND p.id = c.requested_by_id
-       AND c.expires_at > %(now)s
-       AND budget.type = e.type AND e.attempt_count < budget.attempts
-       AND NOT p.frozen
-       AND c.saga_id = ''
-       AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
-       -- the approval names this command's digest; anything else: the general path refuses
-       AND (NOT c.approval_required OR (e.approval_state = 'approved'
-                                        AND e.approved_digest = c.payload_digest))
-       AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
-                        WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
-       AND (c.capability_id IS NULL OR EXISTS (
-            SELECT 1 FROM gateway_capability k WHERE k.id = c.capability_id
-               AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > %(now)s)))
+     WHERE e.effect_id = {locked}.effect_id AND e.status = {locked}.status AND NOT e.frozen
+       AND {CLAIM_CHECKS}
     RETURNING e.effect_id, e.tenant_id, e.fence, e.attempt_count, e.check_count,
-              old.status AS from_status, c.type, c.provider_key, c.resource, c.payload_sealed,
-              c.payload_digest
+              {locked}.status AS from_status, c.type, c.provider_key, c.resource,
+              c.payload_sealed, c.payload_digest, c.provider,
+              c.compensates_id IS NOT NULL AS compensates
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
@@ -378,10 +389,39 @@ WITH old AS (
     SELECT effect_id, attempt_count, fence, %(worker)s, 'sending', '', NULL, '', '', %(now)s,
            NULL
       FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, attempt.id FROM claimed, attempt
-"""
+    RETURNING id, effect_id
+)"""
+
+
+# What a claim returns per claimed effect (the batch adds the command's provider and whether
+# it compensates).
+CLAIM_RETURNING = """
+claimed.effect_id, claimed.tenant_id, claimed.fence, claimed.attempt_count,
+claimed.check_count, claimed.type, claimed.provider_key, claimed.resource,
+claimed.payload_sealed, claimed.payload_digest, attempt.id"""
+
+
+def claim_params(*, now, worker: str, types: list[str], budgets: list[int]) -> dict[str, Any]:
+    return {
+        "now": now,
+        "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
+        "types": types,
+        "budgets": budgets,
+        "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
+        "actor": f"worker:{worker}",
+        "worker": worker,
+    }
+
+
+_CLAIM = _compact(f"""
+WITH old AS (
+    SELECT effect_id, status FROM gateway_effect
+    WHERE effect_id = %(id)s AND status IN ('PREPARED', 'NOT_STARTED') AND NOT frozen
+    FOR UPDATE
+), {claim_ctes("old")}
+SELECT {CLAIM_RETURNING}
+  FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
+""")
 
 
 @dataclass(frozen=True)
@@ -405,23 +445,25 @@ def claim(*, effect_id: str, worker: str) -> FastClaim | None:
     from gateway.contracts import CONTRACTS
 
     now = timezone.now()
-    params: dict[str, Any] = {
-        "id": effect_id,
-        "now": now,
-        "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
-        # Each type's attempt budget (its contract's recovery policy); unknown types: none.
-        "types": list(CONTRACTS),
-        "budgets": [c.recovery.max_dispatch_attempts for c in CONTRACTS.values()],
-        "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
-        "actor": f"worker:{worker}",
-        "worker": worker,
-    }
+    # Each type's attempt budget (its contract's recovery policy); unknown types: none.
+    params = claim_params(
+        now=now,
+        worker=worker,
+        types=list(CONTRACTS),
+        budgets=[c.recovery.max_dispatch_attempts for c in CONTRACTS.values()],
+    )
+    params["id"] = effect_id
     with prepared.cursor() as cursor:
         cursor.execute(_CLAIM, params)
         row = cursor.fetchone()
     if row is None:
         return None
-    (eid, tenant_id, fence, number, checks, _from, type_, key, resource, sealed, digest, aid) = row
+    return claim_from_row(row)
+
+
+def claim_from_row(row) -> FastClaim:
+    """A claim from the columns of ``CLAIM_RETURNING``."""
+    (eid, tenant_id, fence, number, checks, type_, key, resource, sealed, digest, aid) = row[:11]
     if isinstance(resource, str):
         resource = json.loads(resource)
     return FastClaim(
@@ -471,14 +513,10 @@ SELECT count(*) FROM recorded
 """
 
 
-def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
-    """Write the outcome at the claim's fence in one statement. False: the general path must
-    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
-    from gateway.choices import OUTCOME_STATUS
-    from gateway.lib.digest import sha256_digest
-
+def record_evidence(claim: FastClaim, result) -> dict[str, Any]:
+    """The ``dispatched`` event's data: the attempt and what the provider answered."""
     operation = result.operation
-    evidence = {
+    return {
         "attempt": claim.attempt_number,
         "fence": claim.fence,
         "outcome": str(result.outcome),
@@ -488,6 +526,16 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "mismatch": result.mismatch,
         "error": (result.error or "")[:500],
     }
+
+
+def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
+    """Write the outcome at the claim's fence in one statement. False: the general path must
+    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
+    from gateway.choices import OUTCOME_STATUS
+    from gateway.lib.digest import sha256_digest
+
+    operation = result.operation
+    evidence = record_evidence(claim, result)
     params: dict[str, Any] = {
         "id": claim.effect_id,
         "fence": claim.fence,

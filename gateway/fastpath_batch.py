@@ -2,13 +2,13 @@
 record a batch of outcomes in one statement.
 
 ``gateway.fastpath`` claims and records one effect per statement; a worker that drains due
-work (``gateway.dispatcher``) uses these instead. The rules are the same, written once more
-as WHERE clauses over a set of rows:
+work (``gateway.dispatcher``) uses these instead. The rules are the same, over a set of rows
+(the claim's checks are the single claim's own SQL, ``fastpath.claim_ctes``):
 
 - **claim_batch**: picks up to *n* due effects (``FOR UPDATE SKIP LOCKED``: a second drainer,
   the sweeper or a single dispatch holding one of them makes this statement pass it by) and
   moves to DISPATCHING, at ``fence + 1``, exactly those for which every check of
-  ``fastpath._CLAIM`` holds; each gets its ``claimed`` event and its ``sending`` attempt. The
+  the single claim holds; each gets its ``claimed`` event and its ``sending`` attempt. The
   picked rows whose checks do not all hold come back too, without a claim: the caller hands
   them to the general path, which decides what each needs (expire, reject, re-ask approval,
   escalate). Committed before any provider is called.
@@ -26,136 +26,69 @@ locks what it may not send and never picks it again and again. PostgreSQL only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cache
-from typing import Any, Self
+from typing import Any
 
-import psycopg
-from django.conf import settings
 from django.db import connection
-from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.utils import timezone
-from psycopg.abc import Params, QueryNoTemplate
 
 from gateway.checkpoints import receipt_seal
 from gateway.choices import OUTCOME_STATUS
-from gateway.fastpath import FastClaim
+from gateway.fastpath import (
+    CLAIM_RETURNING,
+    FastClaim,
+    _compact,
+    _json,
+    claim_ctes,
+    claim_from_row,
+    claim_params,
+    record_evidence,
+)
+from gateway.lib import prepared
 from gateway.lib.digest import sha256_digest
 from gateway.models import Receipt
 from gateway.providers.base import CallResult, ProviderOperation
 from gateway.webhooks.models import WebhookEndpoint
 
 
-class _PreparedCursor(psycopg.Cursor[Any]):
-    """Binds on the server and prepares: a drainer runs these statements over and over on one
-    connection, and planning them (CTEs over five tables) cost PostgreSQL more CPU than
-    running them: an empty claim 3 ms planned each time, 0.5-1 ms prepared."""
-
-    # Django's cursor wrapper calls execute(sql, params): the one place to ask for prepare.
-    def execute(  # type: ignore[override]
-        self,
-        query: QueryNoTemplate,
-        params: Params | None = None,
-        *,
-        prepare: bool | None = None,
-        binary: bool | None = None,
-    ) -> Self:
-        return super().execute(query, params, prepare=settings.GATEWAY_DB_PREPARE, binary=binary)
-
-
 def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run one of these statements through Django's cursor wrapper (query logging and the
-    round-trip counters see it), prepared unless ``GATEWAY_DB_PREPARE`` is off."""
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw.prepare_threshold is None:
-        # Django turns psycopg's automatic preparing off (connection poolers): with this
-        # threshold nothing is prepared but what asks for it (prepare=True), these statements.
-        raw.prepare_threshold = 2**31 - 1
-    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
-    with wrapper(_PreparedCursor(raw), connection) as cursor:
+    """Run one of these statements on a prepared, server-side-binding cursor
+    (``gateway.lib.prepared``: a drainer runs them over and over on one connection, and
+    planning them cost PostgreSQL more than running them)."""
+    with prepared.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
 
-def _compact(sql: str) -> str:
-    """One line (see ``fastpath._compact``: psycopg caches the parse of a statement up to
-    4096 bytes). No literal here holds two spaces in a row."""
-    return " ".join(sql.split())
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 # --- claim ------------------------------------------------------------------------------------
 
-# The checks of ``fastpath._CLAIM`` (keep the two in step: tests/gateway/test_dispatch_batch.py
-# runs each refusal through both), applied to the rows ``due`` locked. ``due`` already leaves
-# out what is held (frozen effect, principal or type; saga steps) so that those stay unlocked;
-# the UPDATE repeats every condition so that it reads as the single claim does.
-_CLAIM_BATCH = _compact("""
+# What the dispatch sweep would send, and not held (frozen effect, principal or type; saga
+# steps): the drainer's claim locks these (``due``), and the drain without the fast path reads
+# them (``_DUE``). ``fastpath.claim_ctes`` then claims the locked rows under every check of
+# the single claim (tests/gateway/test_dispatch_batch.py runs each refusal through both).
+_DUE_WHERE = """
+    FROM gateway_effect e
+    JOIN gateway_command c ON c.effect_id = e.effect_id
+    JOIN gateway_principal p ON p.id = c.requested_by_id
+   WHERE e.status IN ('NOT_STARTED', 'PREPARED') AND NOT e.frozen
+     AND e.next_dispatch_at IS NOT NULL
+     AND (e.status = 'PREPARED' OR e.next_dispatch_at <= %(now)s)
+     AND c.saga_id = '' AND NOT p.frozen
+     AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
+                      WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
+     AND e.effect_id <> ALL(%(skip)s::text[])
+   ORDER BY e.next_dispatch_at
+   LIMIT %(limit)s
+"""
+
+_CLAIM_BATCH = _compact(f"""
 WITH due AS (
-    SELECT e.effect_id, e.status
-      FROM gateway_effect e
-      JOIN gateway_command c ON c.effect_id = e.effect_id
-      JOIN gateway_principal p ON p.id = c.requested_by_id
-     WHERE e.status IN ('NOT_STARTED', 'PREPARED') AND NOT e.frozen
-       AND e.next_dispatch_at IS NOT NULL
-       AND (e.status = 'PREPARED' OR e.next_dispatch_at <= %(now)s)
-       AND c.saga_id = '' AND NOT p.frozen
-       AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
-                        WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
-       AND e.effect_id <> ALL(%(skip)s::text[])
-     ORDER BY e.next_dispatch_at
-     LIMIT %(limit)s
+    SELECT e.effect_id, e.status {_DUE_WHERE}
        FOR UPDATE OF e SKIP LOCKED
-), claimed AS (
-    UPDATE gateway_effect e
-       SET status = 'DISPATCHING', fence = e.fence + 1, attempt_count = e.attempt_count + 1,
-           next_dispatch_at = NULL, lease_expires_at = %(lease)s, status_changed_at = %(now)s,
-           updated_at = %(now)s
-      FROM due, gateway_command c, gateway_principal p,
-           unnest(%(types)s::text[], %(budgets)s::int[]) AS budget (type, attempts)
-     WHERE e.effect_id = due.effect_id AND e.status = due.status AND NOT e.frozen
-       AND c.effect_id = e.effect_id AND p.id = c.requested_by_id
-       AND c.expires_at > %(now)s
-       AND budget.type = e.type AND e.attempt_count < budget.attempts
-       AND NOT p.frozen
-       AND c.saga_id = ''
-       AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
-       AND (NOT c.approval_required OR (e.approval_state = 'approved'
-                                        AND e.approved_digest = c.payload_digest))
-       AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
-                        WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
-       AND (c.capability_id IS NULL OR EXISTS (
-            SELECT 1 FROM gateway_capability k WHERE k.id = c.capability_id
-               AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > %(now)s)))
-    RETURNING e.effect_id, e.tenant_id, e.fence, e.attempt_count, e.check_count,
-              due.status AS from_status, c.type, c.provider_key, c.resource, c.payload_sealed,
-              c.payload_digest, c.provider, c.compensates_id IS NOT NULL AS compensates
-), ev AS (
-    INSERT INTO gateway_effectevent (
-        tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at)
-    SELECT tenant_id, effect_id, '', 'claimed', from_status, 'DISPATCHING', %(actor)s, NULL,
-           'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s
-      FROM claimed
-), attempt AS (
-    INSERT INTO gateway_attempt (
-        effect_id, number, fence, worker, state, outcome, http_status, provider_operation_id,
-        error, started_at, finished_at)
-    SELECT effect_id, attempt_count, fence, %(worker)s, 'sending', '', NULL, '', '', %(now)s,
-           NULL
-      FROM claimed
-    RETURNING id, effect_id
-)
-SELECT claimed.effect_id, claimed.tenant_id, claimed.fence, claimed.attempt_count,
-       claimed.check_count, claimed.type, claimed.provider_key, claimed.resource,
-       claimed.payload_sealed, claimed.payload_digest, attempt.id, claimed.provider,
-       claimed.compensates
+), {claim_ctes("due")}
+SELECT {CLAIM_RETURNING}, claimed.provider, claimed.compensates
   FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
 UNION ALL
 SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
@@ -197,57 +130,23 @@ def _budgets() -> tuple[list[str], list[int]]:
 def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = ()) -> Batch:
     """Claim up to ``limit`` due effects in one statement (autocommit: committed when it
     returns). ``skip``: effects this drainer already handed to the general path."""
-    now = timezone.now()
     types, budgets = _budgets()
-    params: dict[str, Any] = {
-        "now": now,
-        "limit": limit,
-        "skip": list(skip),
-        "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
-        "types": types,
-        "budgets": budgets,
-        "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
-        "actor": f"worker:{worker}",
-        "worker": worker,
-    }
-    rows = _execute(_CLAIM_BATCH, params)
+    params = claim_params(now=timezone.now(), worker=worker, types=types, budgets=budgets)
+    params.update(limit=limit, skip=list(skip))
     claims, refused = [], []
-    for row in rows:
-        (eid, tenant_id, fence, number, checks, type_, key, resource, sealed, digest, aid) = row[
-            :11
-        ]
-        if aid is None:
-            refused.append(eid)
+    for row in _execute(_CLAIM_BATCH, params):
+        if row[10] is None:  # picked, not claimed
+            refused.append(row[0])
             continue
-        if isinstance(resource, str):
-            resource = json.loads(resource)
+        claim = claim_from_row(row)
         provider, compensates = row[11:]
-        claims.append(
-            BatchClaim(
-                eid, tenant_id, fence, aid, number, checks, type_, key, resource, sealed, digest,
-                provider=provider, compensates=compensates,
-            )
-        )  # fmt: skip
+        claims.append(BatchClaim(**vars(claim), provider=provider, compensates=compensates))
     return Batch(claims, refused)
 
 
 # The same choice of due effects, read without claiming: the drain when the fast path is off
 # (every effect then goes through the general path, one by one).
-_DUE = _compact("""
-SELECT e.effect_id
-  FROM gateway_effect e
-  JOIN gateway_command c ON c.effect_id = e.effect_id
-  JOIN gateway_principal p ON p.id = c.requested_by_id
- WHERE e.status IN ('NOT_STARTED', 'PREPARED') AND NOT e.frozen
-   AND e.next_dispatch_at IS NOT NULL
-   AND (e.status = 'PREPARED' OR e.next_dispatch_at <= %(now)s)
-   AND c.saga_id = '' AND NOT p.frozen
-   AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
-                    WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
-   AND e.effect_id <> ALL(%(skip)s::text[])
- ORDER BY e.next_dispatch_at
- LIMIT %(limit)s
-""")
+_DUE = _compact(f"SELECT e.effect_id {_DUE_WHERE}")
 
 
 def due_effect_ids(*, limit: int, skip: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -369,16 +268,6 @@ def _row(answer: Answer, now: datetime) -> tuple[Any, ...]:
     claim, result, fields = answer.claim, answer.result, answer.fields
     operation = result.operation
     error = result.error or ""
-    evidence = {
-        "attempt": claim.attempt_number,
-        "fence": claim.fence,
-        "outcome": str(result.outcome),
-        "http_status": result.http_status,
-        "provider_operation_id": operation.id if operation else None,
-        "provider_status": operation.status if operation else None,
-        "mismatch": result.mismatch,
-        "error": error[:500],
-    }
     seal, result_digest = "", None
     if operation is not None:
         result_digest = sha256_digest(operation.result)
@@ -393,7 +282,7 @@ def _row(answer: Answer, now: datetime) -> tuple[Any, ...]:
         bool(fields.get("mismatch")),
         fields.get("confirmed_at"),
         result.reason,
-        _json(evidence),
+        _json(record_evidence(claim, result)),
         str(result.outcome),
         result.http_status,
         error[:2000],

@@ -159,6 +159,20 @@ GATEWAY_DB_PREPARE = env_bool("GATEWAY_DB_PREPARE", True)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
     0 if GATEWAY_DB_PREPARE else None
 )
+# A prepared statement's plan is made once per connection, not six times: PostgreSQL's default
+# (plan_cache_mode auto) plans the first five executions for their parameters before it
+# settles on the generic plan, and these CTEs cost 1-7 ms to plan against 0.1-0.5 ms to run;
+# with connections renewed every CONN_MAX_AGE that warm-up was about a third of the server's
+# CPU per effect in the bench (docs/reliability.md, "Round 4"). Every prepared statement here
+# looks rows up by key or by a partial index, where the generic plan is the one PostgreSQL
+# settles on anyway. It touches only prepared statements (ours, and the foreign-key checks'
+# cached plans): Django's own cursors bind on the client. Off: GATEWAY_DB_GENERIC_PLANS=false.
+GATEWAY_DB_GENERIC_PLANS = env_bool("GATEWAY_DB_GENERIC_PLANS", True)
+if GATEWAY_DB_PREPARE and GATEWAY_DB_GENERIC_PLANS:
+    _options = DATABASES["default"]["OPTIONS"]
+    _options["options"] = " ".join(
+        filter(None, [_options.get("options", ""), "-c plan_cache_mode=force_generic_plan"])
+    )
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL (PostgreSQL only)")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

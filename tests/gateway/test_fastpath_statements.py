@@ -46,20 +46,36 @@ def prepared_statements() -> list[tuple[str, int, int]]:
         return cursor.fetchall()
 
 
-def test_the_hot_statements_are_prepared_once_per_connection(agent, sandbox):
-    """PostgreSQL plans a prepared statement once, not at every execution: planning was most
-    of what the server spent on these CTEs (gateway.lib.prepared)."""
+def hot_statement_plans(agent, prefix: str) -> dict[str, tuple[int, int]]:
+    """Seven effects submitted and dispatched on this connection; then each hot statement's
+    generic and custom plans, by the name of its first CTE."""
     from gateway import services
     from tests.conftest import TICKET
 
     for index in range(7):
-        effect_id = agent.submit(TICKET, f"p{index}").json()["effect_id"]
+        effect_id = agent.submit(TICKET, f"{prefix}{index}").json()["effect_id"]
         services.effect_dispatch(effect_id=effect_id, worker="test")
-    statements = {
+    return {
         statement.split()[1]: (generic, custom)
         for statement, generic, custom in prepared_statements()
         if statement.lstrip().startswith("WITH")
     }
+
+
+def test_the_hot_statements_are_prepared_once_per_connection(agent, sandbox):
+    """PostgreSQL plans a prepared statement once, not at every execution: planning was most
+    of what the server spent on these CTEs (gateway.lib.prepared)."""
+    statements = hot_statement_plans(agent, "p")
     # cmd (submit), old (claim), recorded (record): each one statement, reused.
     assert set(statements) >= {"cmd", "old", "recorded"}, statements
     assert all(generic + custom >= 7 for generic, custom in statements.values())
+
+
+def test_the_hot_statements_are_planned_once_not_six_times(agent, sandbox):
+    """With plan_cache_mode force_generic_plan (GATEWAY_DB_GENERIC_PLANS) a prepared statement
+    is planned at its first execution and never again on its connection; PostgreSQL's default
+    plans the first five executions for their parameters (custom plans) before settling on
+    the generic plan, and those plans cost more than running the statements."""
+    statements = hot_statement_plans(agent, "g")
+    assert set(statements) >= {"cmd", "old", "recorded"}, statements
+    assert all(custom == 0 for _generic, custom in statements.values()), statements
