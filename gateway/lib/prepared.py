@@ -26,13 +26,16 @@ from __future__ import annotations
 from typing import Any, cast
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
 from psycopg.types.string import StrDumper
 
 
 def cursor() -> CursorWrapper:
     """A cursor of the default connection with server-side binding, prepared statements."""
+    # The thread's connection, looked up once: each attribute read through Django's
+    # ``connection`` proxy looks it up again (a thread-local read), seven times here.
+    connection = connections[DEFAULT_DB_ALIAS]
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     with connection.wrap_database_errors:
