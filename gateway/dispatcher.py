@@ -29,9 +29,11 @@ flag, since it still stood when S looked. The flag goes away in one of two ways:
    E is no longer due (cancelled, claimed and sent already);
 2. it expires (``GATEWAY_DUE_FLAG_TTL``) before anyone clears it. T is then still in the
    queue or its drainer still runs (a long drain): either way T's drainer stops only after a
-   clear and a claim that come after S looked. Only if T was lost (a broker restart, a worker
-   killed mid-drain) is E not claimed by a drainer; its ``next_dispatch_at`` (set at
-   submission) then makes the dispatch sweeper send it, as it does for any lost message.
+   clear and a claim that come after S looked. If T was lost with a killed worker (its message
+   unacknowledged until the broker's visibility timeout), the next worker to start clears the
+   flag and announces a drain (``gateway.celery``, on ``worker_ready``), which claims E. If no
+   worker starts, or the broker lost T, E's ``next_dispatch_at`` (set at submission) makes the
+   dispatch sweeper send it, as it does for any lost message.
 
 A flag set again by a drainer (``hold``) is the same case with T = that drainer's own task:
 it has not cleared since, and it stops only after a clear and a claim.
