@@ -1,15 +1,18 @@
 """The Celery application: ``celery -A gateway worker`` and ``celery -A gateway beat``."""
 
+import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, task_postrun, task_prerun
+from celery.signals import celeryd_after_setup, task_postrun, task_prerun, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
 app = Celery("gateway")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+logger = logging.getLogger(__name__)
 
 
 @celeryd_after_setup.connect
@@ -19,6 +22,28 @@ def _consume_recovery(sender, instance, **kwargs) -> None:
     from django.conf import settings
 
     instance.app.amqp.queues.select_add(settings.GATEWAY_RECOVERY_QUEUE)
+
+
+@worker_ready.connect
+def _drain_on_start(sender, **kwargs) -> None:
+    """A worker that starts asks for a drain of its queue: clear the due flag, then announce
+    as a submission does (set the flag, publish ``dispatch_due``). The one ``dispatch_due``
+    of many submissions may have died with a killed worker (a thread or solo pool: the
+    message stays unacknowledged until the broker's visibility timeout, 1 h), and the flag
+    its drainer held would keep new submissions quiet until it expired; without this, what
+    it had not claimed waited for the dispatch sweeper (``GATEWAY_REDELIVER_AFTER``). A
+    restarted worker now claims it at once. A broker that is down is logged: the sweeper
+    still sends."""
+    from gateway import dispatcher
+    from gateway.tasks import dispatch_due
+
+    if app.conf.task_always_eager:
+        return
+    try:
+        dispatcher.DueFlag(app.conf.task_default_queue).clear()
+        dispatcher.announce_due(dispatch_due)
+    except Exception:
+        logger.warning("could not ask for a drain at start; the sweeper sends", exc_info=True)
 
 
 @task_prerun.connect

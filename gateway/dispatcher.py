@@ -29,9 +29,11 @@ flag, since it still stood when S looked. The flag goes away in one of two ways:
    E is no longer due (cancelled, claimed and sent already);
 2. it expires (``GATEWAY_DUE_FLAG_TTL``) before anyone clears it. T is then still in the
    queue or its drainer still runs (a long drain): either way T's drainer stops only after a
-   clear and a claim that come after S looked. Only if T was lost (a broker restart, a worker
-   killed mid-drain) is E not claimed by a drainer; its ``next_dispatch_at`` (set at
-   submission) then makes the dispatch sweeper send it, as it does for any lost message.
+   clear and a claim that come after S looked. If T was lost with a killed worker (its message
+   unacknowledged until the broker's visibility timeout), the next worker to start clears the
+   flag and announces a drain (``gateway.celery``, on ``worker_ready``), which claims E. If no
+   worker starts, or the broker lost T, E's ``next_dispatch_at`` (set at submission) makes the
+   dispatch sweeper send it, as it does for any lost message.
 
 A flag set again by a drainer (``hold``) is the same case with T = that drainer's own task:
 it has not cleared since, and it stops only after a clear and a claim.
@@ -41,6 +43,13 @@ due than it takes at a time) publishes one more ``dispatch_due``, once, so that 
 elsewhere share a backlog; each helper does the same. A publish that fails (broker down)
 clears the flag it set, and the submission still answers 201: the sweeper sends the effect
 when the broker is back.
+
+**Waiting.** Each call thread puts its answer on the queue of the drainer that sent it, and a
+drainer blocks on that queue: for its next answer (then takes what else has arrived, and gives
+the rest of the batch ``GATHER_SECONDS`` to join), until its next poll is due, or — when it
+wanted to claim and every call thread was busy with other drainers' calls — until its own
+next answer or the next thread that comes free (a give-back wakes the drainers that found
+none). No loop of a drainer goes round without blocking or claiming.
 
 **Crash safety** is the single dispatch's: each claim statement commits before any of its
 effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
@@ -55,11 +64,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from django.conf import settings
@@ -134,28 +143,93 @@ def announce_due(task: Any, effect_id: str = "") -> None:
 # --- the call pool -----------------------------------------------------------------------------
 
 
+class _Answer(NamedTuple):
+    """What a call thread hands back to the drainer that sent it: its claim, and the call's
+    result or the exception it raised. ``claim`` None: no answer, a slot came free (a wake-up
+    for a drainer that found none)."""
+
+    claim: BatchClaim | None
+    sent: services.Sent | None = None
+    error: BaseException | None = None
+
+
+_WAKE = _Answer(None)
+
+
 class _CallPool:
     """This process's threads for provider calls, and as many slots: a drainer claims only as
     many effects as it has slots for, so a claimed effect never waits for a thread (its lease
-    runs from the claim) and a slow provider holds back claims, not attempts."""
+    runs from the claim) and a slow provider holds back claims, not attempts.
+
+    A call thread puts its answer on the answers queue of the drainer that sent it, so a
+    drainer collects in O(1) per answer. A drainer that wanted slots and found none is
+    "hungry": the next slot given back wakes it (a ``_WAKE`` on its queue), so it waits on its
+    queue for an answer of its own or a free slot, never polls for one."""
 
     def __init__(self, size: int) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="dispatch-call")
         self.slots = threading.Semaphore(size)
+        self.jobs: queue.SimpleQueue[tuple[Any, BatchClaim, queue.SimpleQueue[_Answer]]] = (
+            queue.SimpleQueue()
+        )
+        self._hungry: set[queue.SimpleQueue[_Answer]] = set()
+        self._hungry_lock = threading.Lock()
+        for index in range(size):
+            threading.Thread(target=self._serve, name=f"dispatch-call_{index}", daemon=True).start()
 
-    def take(self, wanted: int, *, wait_for_one: bool) -> int:
-        """Up to ``wanted`` free slots; with ``wait_for_one``, wait until there is one."""
+    def take(
+        self,
+        wanted: int,
+        *,
+        wait_for_one: bool,
+        hungry: queue.SimpleQueue[_Answer] | None = None,
+    ) -> int:
+        """Up to ``wanted`` free slots; with ``wait_for_one``, wait until there is one. With
+        ``hungry`` and no slot free, that queue gets a ``_WAKE`` when a slot is given back."""
+        if wanted <= 0:
+            return 0
+        if hungry is not None:
+            # Registered before trying: a slot given back after a failed try finds it.
+            with self._hungry_lock:
+                self._hungry.add(hungry)
         taken = 0
-        if wait_for_one and wanted > 0:
+        if wait_for_one:
             self.slots.acquire()
             taken = 1
         while taken < wanted and self.slots.acquire(blocking=False):
             taken += 1
+        if taken and hungry is not None:
+            with self._hungry_lock:
+                self._hungry.discard(hungry)
         return taken
 
     def give(self, count: int) -> None:
         for _ in range(count):
             self.slots.release()
+        if count and self._hungry:  # released first: a drainer woken finds the slot
+            with self._hungry_lock:
+                hungry, self._hungry = self._hungry, set()
+            for answers in hungry:
+                answers.put(_WAKE)
+
+    def forget(self, answers: queue.SimpleQueue[_Answer]) -> None:
+        with self._hungry_lock:
+            self._hungry.discard(answers)
+
+    def submit(self, call: Any, claim: BatchClaim, answers: queue.SimpleQueue[_Answer]) -> None:
+        """Run ``call(claim)`` on a call thread (one is free: the caller holds its slot)."""
+        self.jobs.put((call, claim, answers))
+
+    def _serve(self) -> None:
+        while True:
+            call, claim, answers = self.jobs.get()
+            try:
+                answer = _Answer(claim, sent=call(claim))
+            except BaseException as exc:  # handed to the drainer, which decides
+                answer = _Answer(claim, error=exc)
+            finally:
+                self.give(1)
+            answers.put(answer)
+            del call, claim, answers, answer
 
 
 class _Window:
@@ -206,7 +280,8 @@ class _Drainer:
         self.worker = worker
         self.pool, self.window = _process_state()
         self.limit = limit
-        self.in_flight: dict[Future[services.Sent], BatchClaim] = {}
+        self.answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
+        self.out = 0  # calls sent and not yet answered
         self.skip: list[str] = []  # handed to the general path in this drain
         self.claiming = True
         self.helped = False
@@ -218,21 +293,26 @@ class _Drainer:
         return min(self.limit, self.window.size)
 
     def run(self) -> int:
-        while self.claiming or self.in_flight:
-            if (
-                self.claiming
-                and self._claim_now()
-                and self._take_and_claim(wait=not self.in_flight)
-            ):
-                continue
-            if self.in_flight:
-                self._collect()
+        try:
+            while self.claiming or self.out:
+                starved = False  # wanted to claim, but every call thread was busy
+                if self.claiming and self._claim_now():
+                    if self._take_and_claim(wait=not self.out):
+                        continue
+                    starved = True
+                if self.out:
+                    self._collect(starved=starved)
+        finally:
+            self.pool.forget(self.answers)
         return self.sent
 
     def _take_and_claim(self, *, wait: bool) -> bool:
         """Claim as many as the window and this process's free call threads allow (with
-        ``wait``, wait for a thread if none is free). False when no thread was free."""
-        slots = self.pool.take(self._width() - len(self.in_flight), wait_for_one=wait)
+        ``wait``, wait for a thread if none is free). False when no thread was free: the
+        next slot given back then wakes this drainer."""
+        slots = self.pool.take(
+            self._width() - self.out, wait_for_one=wait, hungry=None if wait else self.answers
+        )
         if slots:
             self._claim(slots)
         return bool(slots)
@@ -240,19 +320,15 @@ class _Drainer:
     def _claim_now(self) -> bool:
         """Claim when nothing is in flight, when the last claim was full (a backlog), or when
         calls have been out for a while (new work does not wait behind a slow provider)."""
-        if len(self.in_flight) >= self._width():
+        if self.out >= self._width():
             return False
-        return (
-            not self.in_flight
-            or self.last_full
-            or time.monotonic() - self.last_claim >= POLL_SECONDS
-        )
+        return not self.out or self.last_full or time.monotonic() - self.last_claim >= POLL_SECONDS
 
     def _claim(self, slots: int) -> None:
         # Unless the last claim came back full (a backlog), this one may find nothing and end
         # the drain's claiming: clear the flag first, so that it sees every effect whose
         # submission found the flag still set.
-        last_chance = not self.in_flight or not self.last_full
+        last_chance = not self.out or not self.last_full
         if last_chance and self.flag is not None:
             self.flag.clear()
         try:
@@ -268,10 +344,10 @@ class _Drainer:
             logger.info(
                 "effect claimed", extra={"effect_id": claim.effect_id, "fence": claim.fence}
             )
-            future = self.pool.executor.submit(self._send, claim)
-            self.in_flight[future] = claim
+            self.pool.submit(self._send, claim, self.answers)
+        self.out += len(batch.claims)
         self.sent += len(batch.claims)
-        if self.last_full and len(self.in_flight) >= self.limit and not self.helped:
+        if self.last_full and self.out >= self.limit and not self.helped:
             # Only at full width: a window still opening is not a backlog.
             self._call_for_help()
         if batch.picked and last_chance and self.flag is not None:
@@ -284,11 +360,9 @@ class _Drainer:
             # found no flag).
             self.claiming = False
 
-    def _send(self, claim: BatchClaim) -> services.Sent:
-        try:
-            return services.fast_send(claim)
-        finally:
-            self.pool.give(1)
+    @staticmethod
+    def _send(claim: BatchClaim) -> services.Sent:
+        return services.fast_send(claim)
 
     def _call_for_help(self) -> None:
         """A full window, claimed to the last slot: more may be due than one drainer takes at
@@ -315,17 +389,36 @@ class _Drainer:
         except Exception:
             logger.exception("general dispatch failed", extra={"effect_id": effect_id})
 
-    def _collect(self) -> None:
+    def _collect(self, *, starved: bool) -> None:
+        """Wait for answers (or, ``starved``, for a call thread to come free) and record
+        them. Blocks: with no timeout when this drainer is not to claim before an answer or a
+        free slot, else until its next poll is due."""
         timeout = None
-        if self.claiming and len(self.in_flight) < self._width():
+        if self.claiming and not starved and self.out < self._width():
             timeout = max(0.0, POLL_SECONDS - (time.monotonic() - self.last_claim))
-        done, pending = wait(self.in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
-        if not done:
+        try:
+            first = self.answers.get(timeout=timeout)
+        except queue.Empty:
             return
-        if pending:  # answers arriving together go into one statement
-            more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
-            done |= more
-        answered = {future: self.in_flight.pop(future) for future in done}
+        answered = [first] if first.claim is not None else []
+        self._take_ready(answered)
+        if answered and self.out > len(answered):
+            # Answers arriving together go into one statement.
+            deadline = time.monotonic() + GATHER_SECONDS
+            while self.out > len(answered):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    answer = self.answers.get(timeout=left)
+                except queue.Empty:
+                    break
+                if answer.claim is not None:
+                    answered.append(answer)
+                    self._take_ready(answered)
+        if not answered:
+            return  # woken: a slot came free
+        self.out -= len(answered)
         self.window.grow(len(answered))
         # Claim what these answers made room for before writing them: the next calls go out
         # while the record statement runs, and a drain's last claim comes before its last
@@ -334,16 +427,33 @@ class _Drainer:
             self._take_and_claim(wait=False)
         self._record(answered)
 
-    def _record(self, answered: dict[Future[services.Sent], BatchClaim]) -> None:
+    def _take_ready(self, answered: list[_Answer]) -> None:
+        """Add the answers already on the queue (wake-ups dropped)."""
+        while True:
+            try:
+                answer = self.answers.get_nowait()
+            except queue.Empty:
+                return
+            if answer.claim is not None:
+                answered.append(answer)
+
+    def _record(self, answered: list[_Answer]) -> None:
         now = timezone.now()
         answers: list[Answer] = []
-        for future, claim in answered.items():
-            try:
-                sent = future.result()
-            except Exception:
+        for item in answered:
+            claim, sent, error = item
+            assert claim is not None
+            if error is not None:
+                if not isinstance(error, Exception):
+                    raise error
                 # Claimed, maybe sent: left DISPATCHING for lease recovery and a lookup.
-                logger.exception("dispatch call failed", extra={"effect_id": claim.effect_id})
+                logger.error(
+                    "dispatch call failed",
+                    extra={"effect_id": claim.effect_id},
+                    exc_info=error,
+                )
                 continue
+            assert sent is not None
             failpoint("dispatch.after_call")  # the provider may have committed; not recorded
             if sent.result is None:
                 services.fast_refuse_tampered(claim, problem=sent.problem, worker=self.worker)

@@ -3,6 +3,11 @@
 import hashlib
 import json
 
+import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateway.lib.digest import canonical_json, payload_digest
 
 
@@ -47,3 +52,41 @@ def test_digest_ignores_key_order_but_not_values():
     c = payload_digest(type="t", resource={"type": "x", "id": "1"}, payload={"b": 2, "a": 3})
     assert a == b
     assert a != c
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**60), max_value=2**60)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json)
+def test_the_fast_encoder_writes_what_rfc8785_writes(value):
+    """canonical_json takes the json module's C encoder for plain values: byte for byte what
+    rfc8785 writes (control characters, non-ASCII text, big integers, keys outside ASCII),
+    or rfc8785's own error."""
+    try:
+        expected = rfc8785.dumps(value)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == expected
+
+
+def test_the_fast_encoder_escapes_controls_as_rfc8785_does():
+    value = {"a": "".join(map(chr, range(0, 0x80))) + "\u2028\u00e9\U0001f600", "b": [True, None]}
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize("number", [2**53, -(2**53), 2**60])
+def test_integers_beyond_doubles_are_refused_as_rfc8785_refuses_them(number):
+    with pytest.raises(rfc8785.IntegerDomainError):
+        canonical_json({"amount": number})
+    assert canonical_json({"amount": 2**53 - 1}) == b'{"amount":9007199254740991}'

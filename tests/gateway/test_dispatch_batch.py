@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings as django_settings
@@ -252,6 +253,80 @@ def test_a_compensation_claimed_in_a_batch_settles_its_original(
     assert dispatcher.drain(flag=None, worker="test") == 1
     assert status(compensation) == "CONFIRMED"
     assert status(original) == "COMPENSATED"
+
+
+@pytest.fixture
+def busy_call_pool(monkeypatch):
+    """This process's call pool with all but one slot held (as other drainers would hold
+    them), and its ``take`` calls counted."""
+    pool, _ = dispatcher._process_state()
+    held = pool.take(django_settings.GATEWAY_DISPATCH_CALLS - 1, wait_for_one=False)
+    assert held == django_settings.GATEWAY_DISPATCH_CALLS - 1
+    takes: list[int] = []
+    real_take = pool.take
+
+    def counting_take(*args, **kwargs) -> int:
+        takes.append(real_take(*args, **kwargs))
+        return takes[-1]
+
+    monkeypatch.setattr(pool, "take", counting_take)
+    busy = SimpleNamespace(pool=pool, held=held, takes=takes)
+    yield busy
+    pool.give(busy.held)
+
+
+def test_a_drainer_that_finds_no_free_call_thread_waits_instead_of_polling(
+    sandbox, agent, full_window, settings, busy_call_pool
+):
+    """Calls out, room in its window, but every other call thread busy: the drainer waits
+    for an answer or a freed thread. It used to try for a slot again and again, without
+    blocking, until one of its calls answered."""
+    settings.GATEWAY_PROVIDER_TIMEOUT = 5
+    sandbox.add_fault("slow", times=None, seconds=0.3)
+    ids = [submit(agent, f"t{i}") for i in range(3)]
+    with CaptureQueriesContext(connection) as statements:
+        assert dispatcher.drain(flag=None, worker="test") == 3
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
+    # One effect at a time on the one free thread: per answer a take that claims and one
+    # that finds the pool busy (then it waits), and the empty claim that ends the drain.
+    assert len(busy_call_pool.takes) <= 4 * len(ids), Counter(busy_call_pool.takes)
+    claims = [q for q in statements.captured_queries if "WITH due AS" in q["sql"]]
+    assert len(claims) == len(ids) + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_thread_that_comes_free_wakes_the_drainer_waiting_for_one(
+    sandbox, agent, full_window, settings, busy_call_pool, monkeypatch
+):
+    """A slot given back by another drainer's call, not its own answer, lets a waiting
+    drainer claim: new work does not wait behind its slow call."""
+    import threading
+
+    monkeypatch.setattr(hooks.due_sender, "_send", lambda effect_id: None)
+    settings.GATEWAY_PROVIDER_TIMEOUT = 5
+    sandbox.add_fault("slow", times=1, seconds=1.0)  # the first call sent
+    ids = [submit(agent, f"t{i}") for i in range(2)]
+    pool = busy_call_pool.pool
+
+    def another_drainer_answers() -> None:
+        deadline = time.monotonic() + 10
+        while not pool._hungry and time.monotonic() < deadline:
+            time.sleep(0.005)
+        busy_call_pool.held -= 1
+        pool.give(1)
+
+    helper = threading.Thread(target=another_drainer_answers)
+    helper.start()
+    try:
+        assert dispatcher.drain(flag=None, worker="test") == 2
+    finally:
+        helper.join()
+        connection.close()
+    attempts = sorted(
+        Attempt.objects.filter(effect_id__in=ids).values_list("started_at", "finished_at")
+    )
+    (_, slow_done), (fast_started, fast_done) = attempts
+    assert fast_started < slow_done and fast_done < slow_done, attempts
 
 
 def test_the_batched_statements_fit_psycopgs_parse_cache():

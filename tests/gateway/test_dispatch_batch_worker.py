@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from gateway.celery import app as celery_app
-from gateway.models import Attempt
+from gateway.models import Attempt, Effect
 from tests.support import crash
-from tests.support.processes import new_queue
+from tests.support.processes import Celery, new_queue, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -91,3 +91,37 @@ def test_a_worker_killed_mid_batch_recovers_every_effect_once(
     stranded = [a for a in attempts if a["state"] == "abandoned"]
     assert stranded, attempts
     assert max(batch_size[(a["worker"], a["started_at"])] for a in stranded) >= 2, attempts
+
+
+def test_a_restarted_worker_drains_what_a_killed_drainer_left(sandbox, agent, queue, tmp_path):
+    """The one ``dispatch_due`` of all these submissions dies with its worker (a solo pool:
+    unacknowledged until the broker's visibility timeout). No beat runs, so no sweeper: the
+    next worker asks for a drain when it starts, and sends the rest at once, each once."""
+    ids = [submit(agent, ticket(f"t{i}"), f"t{i}") for i in range(5)]
+    env = {
+        "GATEWAY_FAILPOINTS": "dispatch.after_claim=1",
+        "GATEWAY_FAILPOINT_DIR": str(tmp_path / "failpoints"),
+    }
+    first = Celery("worker", queue, tmp_path / "worker1.log", pool="solo", **env)
+    try:
+        wait_until(lambda: first.process.poll() is not None, timeout=60, what="the kill")
+    finally:
+        first.stop()
+    assert first.process.returncode == -9, first.output()[-3000:]
+    (stranded,) = Effect.objects.filter(pk__in=ids, status="DISPATCHING").values_list(
+        "pk", flat=True
+    )  # the window of a fresh worker: one effect
+    rest = [effect_id for effect_id in ids if effect_id != stranded]
+    second = Celery("worker", queue, tmp_path / "worker2.log", pool="solo", **env)
+    try:
+        wait_until(
+            lambda: Effect.objects.filter(pk__in=rest, status="CONFIRMED").count() == len(rest),
+            timeout=60,
+            what="the rest confirmed",
+        )
+    finally:
+        second.stop()
+    assert Effect.objects.get(pk=stranded).status == "DISPATCHING"  # its lease, then a lookup
+    ops = Counter(op["idempotency_key"] for op in sandbox.operations())
+    keys = dict(Effect.objects.filter(pk__in=rest).values_list("pk", "command__provider_key"))
+    assert ops == Counter({keys[effect_id]: 1 for effect_id in rest})
