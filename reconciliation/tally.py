@@ -36,8 +36,7 @@ from django.utils import timezone
 
 from reconciliation.models import TallyHead
 
-# Events per transaction (the batches of the sequencer hold up to GATEWAY_AUDIT_SEAL_BATCH,
-# so a step may read one batch more than this).
+# Chain positions (events) per transaction: the batches that end within them, or one batch.
 STEP = 20_000
 # Events per call of tally_pending before it returns (the rest is for the next pass).
 BUDGET = 400_000
@@ -50,13 +49,21 @@ SELECT h.tenant_id FROM gateway_auditchainhead h
 """
 
 # One statement, so one snapshot: the changes and the position they reach. The batches after
-# the position are consecutive (each starts where the one before ended), so bounding their
-# first position bounds the events read. A status change moves one effect from its
-# from_status ('' at submission) to its to_status; an annotation (from = to) moves nothing.
+# the position are consecutive (each starts where the one before ended): those that end
+# within ``step`` positions, or else the next one alone (a batch longer than the step). Both
+# bounds on ``last``, so that the planner reads a range of audit_batch_chain, never the
+# table (a lower bound alone, half-way through a backfill, was planned as a sequential scan
+# of every batch). A status change moves one effect from its from_status ('' at submission)
+# to its to_status; an annotation (from = to) moves nothing.
 _CHANGES = """
 WITH b AS (
     SELECT last, event_ids FROM gateway_auditbatch
-     WHERE tenant_id = %(tenant)s AND last > %(position)s AND first <= %(position)s + %(step)s
+     WHERE tenant_id = %(tenant)s AND last > %(position)s AND last <= %(position)s + %(step)s
+    UNION ALL
+    SELECT last, event_ids FROM (
+        SELECT last, event_ids FROM gateway_auditbatch
+         WHERE tenant_id = %(tenant)s AND last > %(position)s ORDER BY last LIMIT 1
+    ) AS next WHERE last > %(position)s + %(step)s
 ), moves AS (
     SELECT f.type, e.from_status, e.to_status
       FROM (SELECT unnest(b.event_ids) AS id FROM b) AS sealed

@@ -147,11 +147,11 @@ def test_a_tally_backfills_an_existing_ledger_in_bounded_steps(
 ):
     for _ in range(4):
         recon_dispatch(recon_submit())
-    audit.seal_pending(batch=2)  # several batches, as a ledger sealed over time
+    audit.seal_pending(batch=3)  # several batches, as a ledger sealed over time
     tenant = recon_requester.principal.tenant_id
 
     steps = 0
-    while tally_tenant(tenant, step=2):
+    while tally_tenant(tenant, step=2):  # each batch is longer than a step: one per step
         steps += 1
 
     assert steps >= 4
