@@ -353,6 +353,9 @@ if GATEWAY_DISPATCH_LEASE <= 2 * GATEWAY_PROVIDER_TIMEOUT:
         f"GATEWAY_PROVIDER_TIMEOUT ({GATEWAY_PROVIDER_TIMEOUT:g}s)"
     )
 GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)
+# How often the tally pass counts the newly sealed audit events into the settled counts of the
+# /metrics gauge gateway_effects (reconciliation.tally).
+GATEWAY_TALLY_INTERVAL = env_number("GATEWAY_TALLY_INTERVAL", 15)
 # How long a PREPARED/NOT_STARTED effect may wait for its task before the sweeper enqueues
 # it again (the broker may have lost the message), and how often the sweeper looks.
 GATEWAY_REDELIVER_AFTER = env_number("GATEWAY_REDELIVER_AFTER", 30)
@@ -426,6 +429,12 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "reconciliation.tasks.reconcile_due",
         "schedule": timedelta(seconds=GATEWAY_RECONCILE_INTERVAL),
+    },
+    "tally-effects": {
+        "task": "reconciliation.tasks.tally_effects",
+        "schedule": timedelta(seconds=GATEWAY_TALLY_INTERVAL),
+        # A pass that waited longer than two intervals is superseded by the next one.
+        "options": {"expires": 2 * GATEWAY_TALLY_INTERVAL},
     },
     "sweep-sagas": {
         "task": "sagas.tasks.sweep_sagas",

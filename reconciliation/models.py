@@ -240,3 +240,40 @@ class Claim(models.Model):
 
     def __str__(self) -> str:
         return f"{self.effect_id} taken by {self.principal_id}"
+
+
+class EffectTally(models.Model):
+    """How many of a tenant's effects of one type are in one status, as of the tenant's audit
+    chain position in its :class:`TallyHead`: the ``/metrics`` gauge ``gateway_effects`` reads
+    its settled statuses from here instead of counting the effect table at every scrape.
+
+    Kept by a periodic pass (``reconciliation.tally``) that adds up the status changes of the
+    events sealed since its last pass; never by the writes of the hot path."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    type = models.CharField(max_length=100)
+    status = models.CharField(max_length=24)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "type", "status"], name="tally_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.type} {self.status}: {self.count}"
+
+
+class TallyHead(models.Model):
+    """Up to which position of the tenant's audit chain the tallies have counted; locked by
+    the pass that advances it."""
+
+    tenant = models.OneToOneField(
+        Tenant, primary_key=True, on_delete=models.PROTECT, related_name="+"
+    )
+    position = models.BigIntegerField(default=0)
+    # When a pass last advanced it.
+    counted_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"tally of {self.tenant_id} at {self.position}"

@@ -4,6 +4,7 @@ harmless: claims skip locked rows and every write is a compare-and-set."""
 from celery import shared_task
 
 from reconciliation import services
+from reconciliation.tally import tally_pending
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -25,3 +26,10 @@ def recover_leases() -> int:
     from gateway.recovery import attempts_close_abandoned
 
     return services.effects_recover_expired_leases() + attempts_close_abandoned()
+
+
+@shared_task(ignore_result=True)
+def tally_effects() -> int:
+    """Beat, every GATEWAY_TALLY_INTERVAL: count the newly sealed status changes into the
+    settled counts of the /metrics gauge (reconciliation.tally)."""
+    return tally_pending()

@@ -234,11 +234,44 @@ class ProbeOps:
         self._seal(history)
         self._top_up_approvals()
         return {
+            "tally": self._tally(),
             "token": token,
             "session": client.cookies["sessionid"].value,
             "history": history,
             "deep": self._deep_cursor(),
         }
+
+    def _tally(self) -> dict:
+        """The /metrics tallies brought up to the sealed chain (on a freshly loaded ledger:
+        the whole backfill, timed), then compared with a count of the whole effect table."""
+        from django.db import connection
+
+        from gateway import audit
+        from reconciliation.metrics import LIVE_STATUSES
+        from reconciliation.tally import tally_pending
+
+        audit.seal_pending()
+        started, events, passes = time.perf_counter(), 0, 0
+        while counted := tally_pending():
+            events, passes = events + counted, passes + 1
+        seconds = time.perf_counter() - started
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT status, type, count(*) FROM gateway_effect GROUP BY status, type"
+            )
+            table = {(status, type_): n for status, type_, n in cursor.fetchall()}
+            cursor.execute(
+                "SELECT status, type, sum(count) FROM reconciliation_effecttally "
+                "GROUP BY status, type HAVING sum(count) <> 0"
+            )
+            tallied = {(status, type_): n for status, type_, n in cursor.fetchall()}
+        settled = {key: n for key, n in table.items() if key[0] not in LIVE_STATUSES}
+        differ = {
+            f"{status} {type_}": (table.get((status, type_), 0), tallied.get((status, type_), 0))
+            for status, type_ in set(settled) | {k for k in tallied if k[0] not in LIVE_STATUSES}
+            if table.get((status, type_), 0) != tallied.get((status, type_), 0)
+        }
+        return {"events": events, "passes": passes, "seconds": seconds, "differ": differ}
 
     def _top_up_approvals(self, waiting: int = 50) -> None:
         """The approvals inbox holds ``waiting`` commands, half of them promotions to
@@ -298,6 +331,7 @@ class ProbeOps:
         from reconciliation.bulk import effects_probe_escalated
         from reconciliation.services.cases import cases_open_for_flagged
         from reconciliation.services.leases import effects_recover_expired_leases
+        from reconciliation.tally import tally_pending
 
         timings: dict[str, list[float]] = {}
 
@@ -351,6 +385,7 @@ class ProbeOps:
                 reconciliation.reconcile_next_batch,
             )
         timed("audit sequencer: seal_pending", audit.seal_pending)
+        timed("metrics tally pass: tally_pending", tally_pending)
         for name, query in self._api_queries().items():
             timed(name, lambda query=query: list(query))
         return timings
@@ -399,6 +434,7 @@ class ProbeOps:
         from gateway import audit, fastpath, services
         from reconciliation import services as reconciliation
         from reconciliation.services.leases import effects_recover_expired_leases
+        from reconciliation.tally import tally_pending
 
         captured: dict[str, list[str]] = {}
 
@@ -437,6 +473,7 @@ class ProbeOps:
         capture("lease recovery", effects_recover_expired_leases)
         capture("reconciler: reconcile_due", lambda: reconciliation.reconcile_due(time_budget=5))
         capture("audit sequencer: seal_pending", audit.seal_pending)
+        capture("metrics tally pass: tally_pending", tally_pending)
         for name, query in self._api_queries().items():
             capture(name, lambda query=query: list(query))
         sizes = self._row_counts()
@@ -714,6 +751,14 @@ def main() -> int:
         for size in sizes:
             size.web.wait()
             setup = size.probe.call("setup", effects=size.effects, samples=args.block * 20)
+            tally = setup["tally"]
+            print(
+                f"{size.label}: metrics tallies brought up to the chain: {tally['events']:,} "
+                f"events in {tally['seconds']:.1f} s ({tally['passes']} passes); "
+                + (f"DIFFER from the effect table: {tally['differ']}" if tally["differ"]
+                   else "equal to a count of the effect table"),
+                flush=True,
+            )  # fmt: skip
             size.token, size.session, size.history = (
                 setup["token"], setup["session"], setup["history"])  # fmt: skip
             # DRF's cursor for the page after the effect half-way down the history.

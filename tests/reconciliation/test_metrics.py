@@ -10,9 +10,10 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import health
+from gateway import audit, health
 from gateway.models import Effect
 from reconciliation import services
+from reconciliation.tally import tally_pending
 
 pytestmark = pytest.mark.django_db
 
@@ -26,6 +27,12 @@ def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
+
+
+def tally() -> None:
+    """What the beat does between scrapes: seal the committed events, count them."""
+    audit.seal_pending()
+    tally_pending()
 
 
 def test_gauges_follow_the_ledger(recon_unknown, recon_sandbox):
@@ -42,6 +49,7 @@ def test_gauges_follow_the_ledger(recon_unknown, recon_sandbox):
     assert 120 <= samples[("gateway_reconcile_lag_seconds", ())] < 600
 
     services.reconcile_next_batch()
+    tally()  # CONFIRMED is settled: counted by the tally pass, exact once it has run
     samples = scrape()
 
     assert ("gateway_effects", (("status", "UNKNOWN"), ("type", "ticket.create"))) not in samples
