@@ -7,7 +7,8 @@ against the same loopback sandbox provider (SPEC §6, in this process):
   → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost;
 - **the product**: the real HTTP API served by gunicorn, real Celery workers (a thread pool, with
   the beat embedded, so the sweeper and the audit sequencer run) on PostgreSQL + Redis, from
-  ``POST /api/v1/commands`` to CONFIRMED in the ledger.
+  ``POST /api/v1/commands`` to CONFIRMED in the ledger, submitted by a client process of its
+  own (gateway.lib.benchclient), as the floor runs in its own.
 
 Printed per concurrency (medians of the rounds): effects/s of both and their ratio, submit and
 end-to-end p50/p99, CPU ms per effect per process group read from ``/proc`` (web = gunicorn,
