@@ -78,6 +78,19 @@ def _headers(token: str, key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "Idempotency-Key": key}
 
 
+def _run_process(module: str, arguments: dict, what: str) -> dict:
+    """``python -m module`` with its arguments and its result as JSON (the floor, the client)."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, json.dumps(arguments)],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise CommandError(f"{what} failed: {done.stderr.decode()[-2000:]}")
+    return json.loads(done.stdout)
+
+
 def median(values: list[float]) -> float:
     values = [v for v in values if v == v]  # drop NaN
     return statistics.median(values) if values else float("nan")
@@ -359,15 +372,7 @@ class Command(BaseCommand):
     def _floor_pass(self, c: int, n: int, prefix: str) -> dict:
         load = os.getloadavg()[0]
         arguments = {**self.floor_args, "concurrency": c, "count": n, "prefix": prefix}
-        done = subprocess.run(
-            [sys.executable, "-m", "gateway.lib.benchfloor", json.dumps(arguments)],
-            cwd=ROOT,
-            capture_output=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise CommandError(f"the floor failed: {done.stderr.decode()[-2000:]}")
-        result = json.loads(done.stdout)
+        result = _run_process("gateway.lib.benchfloor", arguments, "the floor")
         result["load"] = max(load, os.getloadavg()[0])
         result["dups"] = self._duplicates(prefix, n)
         return result
@@ -384,15 +389,7 @@ class Command(BaseCommand):
             "bases": self.bases, "tokens": tokens, "body": BODY,
             "prefix": prefix, "concurrency": c, "count": n,
         }  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, "-m", "gateway.lib.benchclient", json.dumps(arguments)],
-            cwd=ROOT,
-            capture_output=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise CommandError(f"the client failed: {done.stderr.decode()[-2000:]}")
-        client = json.loads(done.stdout)
+        client = _run_process("gateway.lib.benchclient", arguments, "the client")
         ids: list[str] = client["ids"]
         submit: list[float] = client["submit"]
         wrong: list[int] = client["wrong"]
