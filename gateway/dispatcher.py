@@ -10,17 +10,12 @@ drainer is on its way or at work, and it will claim their effects.
 ``GATEWAY_DISPATCH_BATCH`` due effects in one statement (gateway.fastpath_batch), send them on
 this process's call pool (``GATEWAY_DISPATCH_CALLS`` threads sharing the adapter's keep-alive
 client), record the answers as they come back, several per statement, and claim again as slots
-free up. While calls of its own are out, the drainer will claim again (every ``POLL_SECONDS``,
-or, after a claim that found nothing, when one of them answers), so it keeps the flag standing
-and sets it again (``hold``) whenever a claim finds work, which keeps the flag from expiring
-under a long drain. A claim made with
-nothing out may find nothing and be the drainer's last, so the drainer clears the flag just
-before it: if the claim finds work, the drainer sets the flag again and goes on; if it finds
-nothing, the drainer stops. So a drainer stops claiming only after a claim that followed its
-clear found nothing, and every clear is followed by a claim. Keeping the flag while calls are
-out is what makes a steady stream of submissions cost one ``dispatch_due`` per busy spell
-rather than one per gap between two claims (each a Celery publish on the web side and a task
-on the worker side).
+free up. Unless its last claim came back full (a backlog), a claim may find nothing and be the
+drainer's last, so the drainer clears the flag just before it: if the claim finds work, the
+drainer sets the flag again (``hold``) and goes on; if it finds nothing, the drainer stops
+claiming and returns once its calls are recorded. So a drainer stops claiming only after a
+claim that followed its clear found nothing, and every clear is followed by a claim; a slow
+provider leaves one empty claim per drain, not one per poll.
 
 **Why no committed effect is left behind** (the coalescing argument). Take a submission S that
 committed its effect E and then found the flag set (so it published nothing). The flag it saw
@@ -289,8 +284,6 @@ class _Drainer:
         self.out = 0  # calls sent and not yet answered
         self.skip: list[str] = []  # handed to the general path in this drain
         self.claiming = True
-        # An empty claim made while calls were out: no polling until one of them answers.
-        self.resting = False
         self.helped = False
         self.last_claim = 0.0
         self.last_full = False
@@ -329,17 +322,13 @@ class _Drainer:
         calls have been out for a while (new work does not wait behind a slow provider)."""
         if self.out >= self._width():
             return False
-        if not self.out or self.last_full:
-            return True
-        return not self.resting and time.monotonic() - self.last_claim >= POLL_SECONDS
+        return not self.out or self.last_full or time.monotonic() - self.last_claim >= POLL_SECONDS
 
     def _claim(self, slots: int) -> None:
-        # With calls of ours still out we claim again after this one whatever it finds (when
-        # they answer), so the flag may stand. With none out, this claim may find nothing and
-        # end the drain's claiming: clear the flag first, so that it sees every effect whose
-        # submission found the flag still set. In process (no flag) an empty claim that was
-        # not full ends the claiming at once, as nobody counts on a flag.
-        last_chance = not self.out or (self.flag is None and not self.last_full)
+        # Unless the last claim came back full (a backlog), this one may find nothing and end
+        # the drain's claiming: clear the flag first, so that it sees every effect whose
+        # submission found the flag still set.
+        last_chance = not self.out or not self.last_full
         if last_chance and self.flag is not None:
             self.flag.clear()
         try:
@@ -361,11 +350,10 @@ class _Drainer:
         if self.last_full and self.out >= self.limit and not self.helped:
             # Only at full width: a window still opening is not a backlog.
             self._call_for_help()
-        if batch.picked and self.flag is not None:
-            self.flag.hold()  # at work (again): submissions may stay quiet
+        if batch.picked and last_chance and self.flag is not None:
+            self.flag.hold()  # at work again: submissions may stay quiet
         for effect_id in batch.refused:
             self._general(effect_id)
-        self.resting = not batch.picked
         if last_chance and not batch.picked:
             # Nothing due after the clear: nobody counts on a claim of ours any more. The calls
             # still out are recorded; new work gets a drainer of its own (its submission
@@ -406,7 +394,7 @@ class _Drainer:
         them. Blocks: with no timeout when this drainer is not to claim before an answer or a
         free slot, else until its next poll is due."""
         timeout = None
-        if self.claiming and not starved and not self.resting and self.out < self._width():
+        if self.claiming and not starved and self.out < self._width():
             timeout = max(0.0, POLL_SECONDS - (time.monotonic() - self.last_claim))
         try:
             first = self.answers.get(timeout=timeout)
@@ -431,7 +419,6 @@ class _Drainer:
         if not answered:
             return  # woken: a slot came free
         self.out -= len(answered)
-        self.resting = False
         self.window.grow(len(answered))
         # Claim what these answers made room for before writing them: the next calls go out
         # while the record statement runs, and a drain's last claim comes before its last

@@ -415,49 +415,6 @@ def test_a_commit_that_finds_the_flag_set_is_claimed_by_the_drainer_that_clears_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_drainer_with_calls_out_keeps_the_flag_so_submissions_publish_nothing(
-    sandbox, agent, queue, monkeypatch, full_window, settings
-):
-    """A claim made while the drainer's own calls are out is never its last (it claims again
-    when they answer), so it leaves the flag standing: a submission that arrives during a
-    slow call publishes no second ``dispatch_due``, and the drainer still sends it."""
-    import threading
-
-    from django.db import connections
-
-    task = FakeTask(queue)
-    monkeypatch.setattr(hooks.due_sender, "_send", lambda effect_id: None)
-    settings.GATEWAY_PROVIDER_TIMEOUT = 5
-    sandbox.add_fault("slow", times=1, seconds=0.6)  # the first call sent
-    first = submit(agent, "first")
-    dispatcher.announce_due(task, first)
-    flag = dispatcher.DueFlag(queue)
-    drained: list[int] = []
-
-    def drainer() -> None:
-        try:
-            drained.append(dispatcher.drain(flag=flag, worker="test"))
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=drainer)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not sandbox.operations() and time.monotonic() < deadline:
-            time.sleep(0.005)  # the first call is out (the sandbox logs it as it arrives)
-        time.sleep(2 * dispatcher.POLL_SECONDS)  # and the drainer has polled since
-        second = submit(agent, "second")
-        dispatcher.announce_due(task, second)
-    finally:
-        thread.join(timeout=30)
-    assert task.published == 1  # the second submission found the flag standing
-    assert drained == [2]
-    assert [status(first), status(second)] == ["CONFIRMED", "CONFIRMED"]
-    assert sent_keys(sandbox) == Counter({key_of(first): 1, key_of(second): 1})
-
-
-@pytest.mark.django_db(transaction=True)
 def test_a_broker_that_is_down_for_the_flag_still_answers_201(sandbox, agent, monkeypatch):
     import redis
 
