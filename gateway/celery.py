@@ -4,7 +4,15 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, task_postrun, task_prerun, worker_ready
+from celery.signals import (
+    celeryd_after_setup,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
@@ -24,26 +32,61 @@ def _consume_recovery(sender, instance, **kwargs) -> None:
     instance.app.amqp.queues.select_add(settings.GATEWAY_RECOVERY_QUEUE)
 
 
+def _drains_here() -> bool:
+    """Whether this worker takes the default queue's dispatch work (its -Q names it, or it
+    consumes every queue)."""
+    consumed = app.amqp.queues.consume_from
+    return not consumed or app.conf.task_default_queue in consumed
+
+
+def _prefork(consumer) -> bool:
+    pool = getattr(consumer, "pool", None)
+    return type(pool).__module__.startswith(
+        ("celery.concurrency.prefork", "celery.concurrency.asynpool")
+    )
+
+
 @worker_ready.connect
 def _drain_on_start(sender, **kwargs) -> None:
-    """A worker that starts asks for a drain of its queue: clear the due flag, then announce
-    as a submission does (set the flag, publish ``dispatch_due``). The one ``dispatch_due``
-    of many submissions may have died with a killed worker (a thread or solo pool: the
-    message stays unacknowledged until the broker's visibility timeout, 1 h), and the flag
-    its drainer held would keep new submissions quiet until it expired; without this, what
-    it had not claimed waited for the dispatch sweeper (``GATEWAY_REDELIVER_AFTER``). A
-    restarted worker now claims it at once. A broker that is down is logged: the sweeper
-    still sends."""
+    """A worker that starts runs its drainer threads (``dispatcher.Drainers``: in this process
+    for the thread and solo pools; each prefork child starts its own) and asks for a drain
+    of its queue: clear the due flag, then announce as a submission does (set the flag, push
+    a wake-up). The drain that many submissions counted on may have died with a killed
+    worker, and the flag it held would keep new submissions quiet until it expired; without
+    this, what it had not claimed waited for the dispatch sweeper
+    (``GATEWAY_REDELIVER_AFTER``). A restarted worker now claims it at once. A broker that
+    is down is logged: the sweeper still sends."""
     from gateway import dispatcher
-    from gateway.tasks import dispatch_due
 
-    if app.conf.task_always_eager:
+    if app.conf.task_always_eager or not _drains_here():
         return
+    if not _prefork(sender):
+        dispatcher.start_drainers(app.conf.task_default_queue)
     try:
-        dispatcher.DueFlag(app.conf.task_default_queue).clear()
-        dispatcher.announce_due(dispatch_due)
+        flag = dispatcher.DueFlag(app.conf.task_default_queue)
+        flag.clear()
+        flag.announce("worker started")
     except Exception:
         logger.warning("could not ask for a drain at start; the sweeper sends", exc_info=True)
+
+
+@worker_process_init.connect
+def _drainers_in_child(**kwargs) -> None:
+    """A prefork child runs drainers of its own (connections born in it, never a parent's)."""
+    from gateway import dispatcher
+
+    if not app.conf.task_always_eager and _drains_here():
+        dispatcher.start_drainers(app.conf.task_default_queue)
+
+
+@worker_shutdown.connect
+@worker_process_shutdown.connect
+def _stop_drainers(**kwargs) -> None:
+    """A warm shutdown lets each drain record the calls it has out and hand its flag over
+    (a deploy must not strand claims for the reconciler); a killed worker cannot."""
+    from gateway import dispatcher
+
+    dispatcher.stop_drainers()
 
 
 @task_prerun.connect

@@ -1,12 +1,14 @@
 """Dispatch without a message per effect: a coalesced "due" signal, and workers that drain
 due effects in batches.
 
-**The signal.** After its commit, a submission calls ``announce_due``: it sets a flag in Redis
-(``SET NX`` with a short expiry, ``GATEWAY_DUE_FLAG_TTL``) and only when it set the flag does
-it publish a ``dispatch_due`` task. While the flag stands, submissions publish nothing: a
-drainer is on its way or at work, and it will claim their effects.
+**The signal.** After its commit, a submission calls ``announce_due``: one script in Redis sets
+a flag (``SET NX`` with a short expiry, ``GATEWAY_DUE_FLAG_TTL``) and, only when it set the
+flag, pushes a wake-up onto the queue's wake-up list. While the flag stands, submissions push
+nothing: a drainer is on its way or at work, and it will claim their effects. No broker message
+is published: each worker process runs drainer threads (``Drainers``, ``GATEWAY_DRAINERS``)
+that wait on the list with ``BLPOP``, and Redis hands each wake-up to one of them.
 
-**The drain** (``drain``, run by the ``dispatch_due`` task): claim up to
+**The drain** (``drain``, run by the drainer thread that popped a wake-up): claim up to
 ``GATEWAY_DISPATCH_BATCH`` due effects in one statement (gateway.fastpath_batch), send them on
 this process's call pool (``GATEWAY_DISPATCH_CALLS`` threads sharing the adapter's keep-alive
 client), record the answers as they come back, several per statement, and claim again as slots
@@ -18,9 +20,9 @@ claim that followed its clear found nothing, and every clear is followed by a cl
 provider leaves one empty claim per drain, not one per poll.
 
 **Why no committed effect is left behind** (the coalescing argument). Take a submission S that
-committed its effect E and then found the flag set (so it published nothing). The flag it saw
-was set by a submission that then published a task T; T's drainer has not yet cleared that
-flag, since it still stood when S looked. The flag goes away in one of two ways:
+committed its effect E and then found the flag set (so it pushed nothing). The flag it saw was
+set together with a wake-up T; T's drainer has not yet cleared that flag, since it still stood
+when S looked. The flag goes away in one of two ways:
 
 1. a drainer clears it (T's, or another one's: a drainer clears whatever flag stands before
    each claim that may be its last). That clear came after S looked, so after E's commit, and
@@ -28,21 +30,23 @@ flag, since it still stood when S looked. The flag goes away in one of two ways:
    finds E locked (another claim statement is taking it, or the sweeper is re-sending it), or
    E is no longer due (cancelled, claimed and sent already);
 2. it expires (``GATEWAY_DUE_FLAG_TTL``) before anyone clears it. T is then still in the
-   queue or its drainer still runs (a long drain): either way T's drainer stops only after a
-   clear and a claim that come after S looked. If T was lost with a killed worker (its message
-   unacknowledged until the broker's visibility timeout), the next worker to start clears the
-   flag and announces a drain (``gateway.celery``, on ``worker_ready``), which claims E. If no
-   worker starts, or the broker lost T, E's ``next_dispatch_at`` (set at submission) makes the
-   dispatch sweeper send it, as it does for any lost message.
+   list or its drainer still runs (a long drain): either way T's drainer stops only after a
+   clear and a claim that come after S looked. If T was lost with a killed worker (popped by
+   a drainer that then died), the next worker to start clears the flag and announces a drain
+   (``gateway.celery``, on ``worker_ready``), which claims E; a worker that shuts down warm
+   hands its drain over the same way before it exits (``_Drainer._hand_over``). If no worker
+   starts, or Redis lost T, E's ``next_dispatch_at`` (set at submission) makes the dispatch
+   sweeper send it, as it does for any lost message.
 
-A flag set again by a drainer (``hold``) is the same case with T = that drainer's own task:
-it has not cleared since, and it stops only after a clear and a claim.
+A flag set again by a drainer (``hold``) is the same case with T = that drainer's own
+wake-up: it has not cleared since, and it stops only after a clear and a claim.
 
 A drainer whose window is full (its claims came back full up to its last slot: more may be
-due than it takes at a time) publishes one more ``dispatch_due``, once, so that idle workers
-elsewhere share a backlog; each helper does the same. A publish that fails (broker down)
-clears the flag it set, and the submission still answers 201: the sweeper sends the effect
-when the broker is back.
+due than it takes at a time) pushes one more wake-up past the flag, once, so that idle
+drainers elsewhere share a backlog; each helper does the same. The script sets the flag and
+pushes its wake-up together or not at all: an announce that fails (broker down) leaves
+nothing standing, and the submission still answers 201; the sweeper sends the effect when the
+broker is back.
 
 **Waiting.** Each call thread puts its answer on the queue of the drainer that sent it, and a
 drainer blocks on that queue: for its next answer (then takes what else has arrived, and gives
@@ -61,7 +65,6 @@ anything is sent again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -95,49 +98,89 @@ GATHER_SECONDS = 0.002
 def _redis() -> redis.Redis:
     """This process's client of the broker's Redis (its connection pool starts over after a
     fork). Short timeouts: a submission must not hang on a broker that is down."""
+    return redis.Redis.from_url(_redis_url(), socket_timeout=2, socket_connect_timeout=2)
+
+
+def _redis_url() -> str:
     url = settings.CELERY_BROKER_URL
     if url.startswith("redis+socket://"):  # kombu's spelling of a unix socket
         url = "unix://" + url.removeprefix("redis+socket://")
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return url
+
+
+# Set the flag if nobody holds it, and only then push a wake-up for one drainer: one round
+# trip for the submission that finds no drainer on its way, and nothing but the SET for the
+# others. Atomic: no flag stands without its wake-up (the flag says "a drainer is coming").
+# The list keeps the newest few (more wake-ups than drainers mean nothing more) and expires
+# when nobody listens (workers gone: a starting worker announces anyway).
+_ANNOUNCE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
+    redis.call('RPUSH', KEYS[2], ARGV[2])
+    redis.call('LTRIM', KEYS[2], ARGV[3], -1)
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    return 1
+end
+return 0
+"""
+_WAKE_KEEP = 64  # wake-ups kept in a list at most
+_WAKE_TTL_MS = 60_000  # a list nobody pops for this long is dropped
+
+
+@cache
+def _announce_script() -> Any:
+    return _redis().register_script(_ANNOUNCE)
 
 
 class DueFlag:
-    """The flag of one task queue: set means "a drainer is on its way or at work"."""
+    """The flag of one task queue, set means "a drainer is on its way or at work", and the
+    list of wake-ups that the queue's drainer threads wait on (``Drainers``)."""
 
     def __init__(self, queue: str) -> None:
         self.key = f"gateway:dispatch-due:{queue}"
+        self.wake_key = f"{self.key}:wake"
 
-    def set(self) -> bool:
-        """True if this call set it (the caller publishes the task)."""
-        ttl_ms = max(1, int(settings.GATEWAY_DUE_FLAG_TTL * 1000))
-        return bool(_redis().set(self.key, b"1", nx=True, px=ttl_ms))
+    def _ttl_ms(self) -> int:
+        return max(1, int(settings.GATEWAY_DUE_FLAG_TTL * 1000))
+
+    def announce(self, reason: str = "") -> bool:
+        """Set the flag and push a wake-up, if nobody holds the flag; True if this call did."""
+        keys = [self.key, self.wake_key]
+        args = [self._ttl_ms(), reason or "due", -_WAKE_KEEP, _WAKE_TTL_MS]
+        return bool(_announce_script()(keys=keys, args=args))
+
+    def wake(self, reason: str) -> None:
+        """Push a wake-up past the flag: one more drainer (a backlog shared out)."""
+        pipe = _redis().pipeline(transaction=False)
+        pipe.rpush(self.wake_key, reason)
+        pipe.ltrim(self.wake_key, -_WAKE_KEEP, -1)
+        pipe.pexpire(self.wake_key, _WAKE_TTL_MS)
+        pipe.execute()
+
+    def wait(self, client: redis.Redis, timeout: float) -> bool:
+        """Block on ``client`` (a connection of the caller's own) until a wake-up is popped,
+        or ``timeout`` seconds pass."""
+        return client.blpop([self.wake_key], timeout=timeout) is not None
 
     def clear(self) -> None:
         _redis().delete(self.key)
 
     def hold(self) -> None:
         """Set it again, whoever set it before: a drainer that found work after its clear."""
-        ttl_ms = max(1, int(settings.GATEWAY_DUE_FLAG_TTL * 1000))
-        _redis().set(self.key, b"1", px=ttl_ms)
+        _redis().set(self.key, b"1", px=self._ttl_ms())
 
 
 def announce_due(task: Any, effect_id: str = "") -> None:
     """Tell the workers that dispatch work is due (``hooks.due_sender``; ``effect_id`` is the
-    effect that prompted it, for the log only). Publishes ``task`` only if no drainer is on its
-    way; raises if the broker is down (``ledger.publish`` logs it: the sweeper sends later)."""
+    effect that prompted it, for the log only). Wakes a drainer only if none is on its way;
+    raises if the broker is down (``ledger.publish`` logs it: the sweeper sends later). In
+    eager mode (tests, in process) ``task`` drains now."""
     app = task.app
     if app.conf.task_always_eager:
         task.delay()  # in process, now: nothing to coalesce
         return
-    flag = DueFlag(app.conf.task_default_queue)
-    if not flag.set():
-        return  # a drainer will claim after it clears the flag: E is seen (module docstring)
-    try:
-        task.delay()
-    except Exception:
-        with contextlib.suppress(Exception):
-            flag.clear()  # let the next submission publish; if this fails, the flag expires
-        raise
+    # Flag and wake-up in one script: a drainer will claim after it clears the flag, so E is
+    # seen whichever of the two this call finds (module docstring).
+    DueFlag(app.conf.task_default_queue).announce(effect_id)
 
 
 # --- the call pool -----------------------------------------------------------------------------
@@ -264,19 +307,29 @@ def _process_state() -> tuple[_CallPool, _Window]:
 # --- the drain ---------------------------------------------------------------------------------
 
 
-def drain(*, flag: DueFlag | None, worker: str | None = None, limit: int | None = None) -> int:
+def drain(
+    *,
+    flag: DueFlag | None,
+    worker: str | None = None,
+    limit: int | None = None,
+    stopping: threading.Event | None = None,
+) -> int:
     """Send every due effect, in batches, until a claim finds nothing (see the module
     docstring). ``flag``: the due flag this drain answers for (None: in process, no flag).
-    Returns how many effects were claimed and sent (refused ones not counted)."""
+    ``stopping`` set (the worker shuts down): claim no more, record the calls out, and hand
+    the flag on. Returns how many effects were claimed and sent (refused ones not counted)."""
     worker = worker or services.worker_name()
     if not fastpath.enabled():
         return _drain_general(flag, worker)
-    return _Drainer(flag, worker, limit or settings.GATEWAY_DISPATCH_BATCH).run()
+    return _Drainer(flag, worker, limit or settings.GATEWAY_DISPATCH_BATCH, stopping).run()
 
 
 class _Drainer:
-    def __init__(self, flag: DueFlag | None, worker: str, limit: int) -> None:
+    def __init__(
+        self, flag: DueFlag | None, worker: str, limit: int, stopping: threading.Event | None
+    ) -> None:
         self.flag = flag
+        self.stopping = stopping
         self.worker = worker
         self.pool, self.window = _process_state()
         self.limit = limit
@@ -295,6 +348,8 @@ class _Drainer:
     def run(self) -> int:
         try:
             while self.claiming or self.out:
+                if self.claiming and self.stopping is not None and self.stopping.is_set():
+                    self._hand_over()
                 starved = False  # wanted to claim, but every call thread was busy
                 if self.claiming and self._claim_now():
                     if self._take_and_claim(wait=not self.out):
@@ -360,22 +415,32 @@ class _Drainer:
             # found no flag).
             self.claiming = False
 
+    def _hand_over(self) -> None:
+        """The worker shuts down: claim no more. Submissions that found the flag count on a
+        claim of this drain that will not come, so clear the flag and announce again: a
+        drainer elsewhere (or this worker's next life) claims what is due."""
+        self.claiming = False
+        if self.flag is None:
+            return
+        try:
+            self.flag.clear()
+            self.flag.announce("handed over")
+        except Exception:
+            logger.warning("could not hand the drain over; the sweeper sends", exc_info=True)
+
     @staticmethod
     def _send(claim: BatchClaim) -> services.Sent:
         return services.fast_send(claim)
 
     def _call_for_help(self) -> None:
         """A full window, claimed to the last slot: more may be due than one drainer takes at
-        a time. One more ``dispatch_due``
-        (past the flag, which stands for this drain) lets a worker elsewhere share it; the
-        helper does the same when its own first batch is full."""
-        from gateway.tasks import dispatch_due
-
+        a time. One more wake-up (past the flag, which stands for this drain) lets a drainer
+        elsewhere share it; the helper does the same when its own first batch is full."""
         self.helped = True
         if self.flag is None:
             return  # in process: this drain takes it all
         try:
-            dispatch_due.delay()
+            self.flag.wake("help")
         except Exception:
             logger.warning("could not call for help; draining alone", exc_info=True)
 
@@ -472,6 +537,96 @@ class _Drainer:
             else:  # stale, or a webhook endpoint of its tenant needs its outbox row
                 services.fast_record_general(answer.claim, answer.result, worker=self.worker)
         failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged
+
+
+# --- the drainer threads ----------------------------------------------------------------------
+
+
+class Drainers:
+    """The threads of a worker process that answer wake-ups: each waits on the queue's wake-up
+    list (``BLPOP``, a Redis connection of its own) and drains (``drain``) when it pops one.
+    No broker message per drain: a submission's announce is one script call, and a drain
+    starts without a task being received, acknowledged and traced.
+
+    Started in every process that runs tasks for the queue (``gateway.celery``: the worker's
+    own process for the thread and solo pools, each child for prefork). ``stop`` (the worker
+    shuts down) lets each drain record the calls it has out and hand its flag over, then
+    joins; a worker killed instead leaves its claims to their leases and the reconciler, as a
+    killed task would."""
+
+    WAIT_SECONDS = 1.0  # how long a BLPOP blocks before looking at ``stopping`` again
+
+    def __init__(self, queue: str, count: int) -> None:
+        self.flag = DueFlag(queue)
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._serve, name=f"drainer_{index}", daemon=True)
+            for index in range(count)
+        ]
+
+    def start(self) -> Drainers:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self, timeout: float) -> None:
+        self.stopping.set()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _serve(self) -> None:
+        from django.db import close_old_connections
+
+        # A connection of its own that may block past the flag client's socket timeout.
+        client = redis.Redis.from_url(
+            _redis_url(), socket_timeout=self.WAIT_SECONDS + 5, socket_connect_timeout=2
+        )
+        while not self.stopping.is_set():
+            try:
+                woken = self.flag.wait(client, self.WAIT_SECONDS)
+            except redis.RedisError:
+                logger.warning("cannot wait for wake-ups; retrying", exc_info=True)
+                self.stopping.wait(self.WAIT_SECONDS)
+                continue
+            if not woken:
+                continue
+            # What Django does around a request and gateway.celery around a task: a connection
+            # that broke (a PostgreSQL restart) or outlived CONN_MAX_AGE is replaced.
+            close_old_connections()
+            try:
+                drain(flag=self.flag, stopping=self.stopping)
+            except Exception:
+                # Its claims stay DISPATCHING under their leases; the reconciler asks the
+                # provider. The flag expires, or the next clear of another drainer lowers it.
+                logger.exception("drain failed")
+            finally:
+                close_old_connections()
+
+
+_drainers: tuple[int, Drainers] | None = None
+
+
+def start_drainers(queue: str) -> Drainers | None:
+    """This process's drainer threads for ``queue`` (``GATEWAY_DRAINERS``; 0: none). A forked
+    child starts its own: a parent's threads do not exist in it."""
+    global _drainers
+    count = settings.GATEWAY_DRAINERS
+    if count <= 0:
+        return None
+    if _drainers is None or _drainers[0] != os.getpid():
+        _drainers = (os.getpid(), Drainers(queue, count).start())
+        logger.info("drainers started", extra={"queue": queue, "count": count})
+    return _drainers[1]
+
+
+def stop_drainers() -> None:
+    """Let this process's drains finish the calls they have out (up to the provider timeout
+    and a little more), then return."""
+    global _drainers
+    if _drainers is not None and _drainers[0] == os.getpid():
+        _drainers[1].stop(timeout=settings.GATEWAY_PROVIDER_TIMEOUT + 5)
+    _drainers = None
 
 
 def _drain_general(flag: DueFlag | None, worker: str) -> int:

@@ -13,8 +13,10 @@ def dispatch_effect(effect_id: str) -> bool:
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def dispatch_due(self) -> int:
-    """Drain the due effects (gateway.dispatcher); published by ``dispatcher.announce_due``
-    for the submissions of many effects at once. A redelivery drains again: harmless."""
+    """Drain the due effects (gateway.dispatcher) now: what ``dispatcher.announce_due`` runs
+    in eager mode, and a drain an operator can ask for (``celery call``). Workers answer the
+    submissions' wake-ups with their drainer threads, without this task. A redelivery drains
+    again: harmless."""
     flag = None if self.request.is_eager else dispatcher.DueFlag(self.app.conf.task_default_queue)
     return dispatcher.drain(flag=flag)
 

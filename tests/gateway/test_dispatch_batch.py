@@ -340,21 +340,16 @@ def test_the_batched_statements_fit_psycopgs_parse_cache():
 
 
 class FakeTask:
-    """dispatch_due as announce_due sees it: an app's queue, and delay()."""
+    """dispatch_due as announce_due sees it: an app's queue, and delay() (eager mode only)."""
 
-    def __init__(self, queue: str, *, fail: bool = False) -> None:
-        from types import SimpleNamespace
-
+    def __init__(self, queue: str, *, eager: bool = False) -> None:
         self.app = SimpleNamespace(
-            conf=SimpleNamespace(task_always_eager=False, task_default_queue=queue)
+            conf=SimpleNamespace(task_always_eager=eager, task_default_queue=queue)
         )
-        self.published = 0
-        self.fail = fail
+        self.ran = 0
 
     def delay(self) -> None:
-        if self.fail:
-            raise ConnectionError("broker down")
-        self.published += 1
+        self.ran += 1
 
 
 @pytest.fixture
@@ -363,25 +358,69 @@ def queue():
 
     name = new_queue()
     yield name
-    dispatcher.DueFlag(name).clear()
+    flag = dispatcher.DueFlag(name)
+    flag.clear()
+    dispatcher._redis().delete(flag.wake_key)
 
 
-def test_while_the_flag_stands_submissions_publish_nothing(queue):
+def wake_ups(queue: str) -> list[bytes]:
+    """The wake-ups waiting for the queue's drainers, oldest first."""
+    return dispatcher._redis().lrange(dispatcher.DueFlag(queue).wake_key, 0, -1)
+
+
+def test_while_the_flag_stands_submissions_wake_nobody(queue):
     task = FakeTask(queue)
     for index in range(5):
         dispatcher.announce_due(task, f"eff_{index}")
-    assert task.published == 1
+    assert wake_ups(queue) == [b"eff_0"]
     dispatcher.DueFlag(queue).clear()  # a drainer ran out of work
     dispatcher.announce_due(task, "eff_next")
-    assert task.published == 2
+    assert wake_ups(queue) == [b"eff_0", b"eff_next"]
+    assert task.ran == 0  # no broker message: the drainer threads pop the list
 
 
-def test_a_failed_publish_lowers_the_flag_it_raised(queue):
-    with pytest.raises(ConnectionError):
-        dispatcher.announce_due(FakeTask(queue, fail=True), "eff_1")
-    task = FakeTask(queue)
-    dispatcher.announce_due(task, "eff_2")
-    assert task.published == 1
+def test_the_flag_and_its_wake_up_expire(queue, settings):
+    settings.GATEWAY_DUE_FLAG_TTL = 0.2
+    flag = dispatcher.DueFlag(queue)
+    assert flag.announce("first")
+    assert not flag.announce("second")
+    assert 0 < dispatcher._redis().pttl(flag.key) <= 200
+    # Nobody listening for a minute: the list goes, a starting worker announces anyway.
+    assert 0 < dispatcher._redis().pttl(flag.wake_key) <= 60_000
+    time.sleep(0.3)
+    assert flag.announce("third")
+    assert wake_ups(queue) == [b"first", b"third"]
+
+
+def test_the_wake_up_list_keeps_the_newest_few(queue):
+    flag = dispatcher.DueFlag(queue)
+    for index in range(dispatcher._WAKE_KEEP + 10):
+        flag.wake(f"help {index}")
+    kept = wake_ups(queue)
+    assert len(kept) == dispatcher._WAKE_KEEP
+    assert kept[-1] == f"help {dispatcher._WAKE_KEEP + 9}".encode()
+
+
+def test_in_eager_mode_the_drain_runs_in_process(queue):
+    task = FakeTask(queue, eager=True)
+    dispatcher.announce_due(task, "eff_1")
+    assert task.ran == 1 and wake_ups(queue) == []
+
+
+def test_a_broker_that_is_down_raises_and_sets_nothing(queue, monkeypatch):
+    import redis
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    monkeypatch.setattr(dispatcher, "_redis", lambda: dead)
+    dispatcher._announce_script.cache_clear()
+    try:
+        with pytest.raises(redis.ConnectionError):
+            dispatcher.announce_due(FakeTask(queue), "eff_1")
+    finally:
+        monkeypatch.undo()
+        dispatcher._announce_script.cache_clear()
+    assert dispatcher.DueFlag(queue).announce("eff_2")  # nothing was left standing
+    assert wake_ups(queue) == [b"eff_2"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -395,7 +434,7 @@ def test_a_commit_that_finds_the_flag_set_is_claimed_by_the_drainer_that_clears_
     monkeypatch.setattr(hooks.due_sender, "_send", lambda effect_id: None)
     first = submit(agent, "first")
     dispatcher.announce_due(task, first)
-    assert task.published == 1  # the task a drainer now runs
+    assert len(wake_ups(queue)) == 1  # the wake-up a drainer now answers
     flag = dispatcher.DueFlag(queue)
     racing: list[str] = []
     real_clear = flag.clear
@@ -408,7 +447,7 @@ def test_a_commit_that_finds_the_flag_set_is_claimed_by_the_drainer_that_clears_
 
     monkeypatch.setattr(flag, "clear", commit_then_clear)
     dispatcher.drain(flag=flag, worker="test")
-    assert task.published == 1  # the racing submissions found the flag set
+    assert len(wake_ups(queue)) == 1  # the racing submissions found the flag set
     effects = [first, *racing]
     assert [status(effect_id) for effect_id in effects] == ["CONFIRMED"] * 3
     assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in effects})

@@ -125,3 +125,63 @@ def test_a_restarted_worker_drains_what_a_killed_drainer_left(sandbox, agent, qu
     ops = Counter(op["idempotency_key"] for op in sandbox.operations())
     keys = dict(Effect.objects.filter(pk__in=rest).values_list("pk", "command__provider_key"))
     assert ops == Counter({keys[effect_id]: 1 for effect_id in rest})
+
+
+def celery_messages(queue: str) -> int:
+    """Messages waiting in the queue's Redis list (what Celery publishes to it)."""
+    from gateway import dispatcher
+
+    return dispatcher._redis().llen(queue)
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_submission_reaches_a_drainer_thread_without_a_broker_message(
+    pool, sandbox, agent, queue, tmp_path
+):
+    """No beat (no sweeper) and no ``dispatch_due`` message: the submission's wake-up alone
+    gets its effect sent, by a drainer thread of the worker (of a child, with prefork)."""
+    worker = Celery("worker", queue, tmp_path / "worker.log", pool=pool)
+    try:
+        wait_until(lambda: "ready." in worker.output(), timeout=60, what="the worker ready")
+        ids = [submit(agent, ticket(f"t{i}"), f"t{i}") for i in range(4)]
+        assert celery_messages(queue) == 0
+        wait_until(
+            lambda: Effect.objects.filter(pk__in=ids, status="CONFIRMED").count() == len(ids),
+            timeout=30,
+            what="the effects confirmed",
+        )
+    finally:
+        worker.stop()
+    assert "Task gateway.tasks.dispatch_due[" not in worker.output()
+    ops = Counter(op["idempotency_key"] for op in sandbox.operations())
+    assert sorted(ops.values()) == [1] * len(ids)
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_warm_shutdown_records_the_call_a_drainer_has_out(
+    pool, sandbox, agent, queue, tmp_path, settings
+):
+    """SIGTERM (a deploy) while a call is out: the drain records its answer before the
+    worker exits, so nothing is left DISPATCHING for the lease and the reconciler."""
+    settings.GATEWAY_PROVIDER_TIMEOUT = 6  # the worker's (tests/support/processes.py)
+    sandbox.add_fault("slow", times=1, seconds=2.0)
+    worker = Celery("worker", queue, tmp_path / "worker.log", pool=pool)
+    try:
+        wait_until(lambda: "ready." in worker.output(), timeout=60, what="the worker ready")
+        effect_id = submit(agent, ticket("slow"), "slow")
+        wait_until(
+            lambda: Effect.objects.get(pk=effect_id).status == "DISPATCHING",
+            timeout=30,
+            what="the call out",
+        )
+        worker.stop(timeout=30)  # SIGTERM: a warm shutdown
+    finally:
+        worker.stop()
+    output = worker.output()
+    assert worker.process.returncode == 0, output[-3000:]
+    # The shutdown began while the call was out, and the answer was recorded after it.
+    assert output.index("Warm shutdown") < output.index('"to": "CONFIRMED"'), output[-3000:]
+    assert Effect.objects.get(pk=effect_id).status == "CONFIRMED"
+    (attempt,) = Attempt.objects.filter(effect_id=effect_id)
+    assert attempt.state == "finished", attempt.state
+    assert len(sandbox.operations()) == 1
