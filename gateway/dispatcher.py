@@ -576,7 +576,7 @@ class Drainers:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _serve(self) -> None:
-        from django.db import close_old_connections
+        from django.db import close_old_connections, connection
 
         # A connection of its own that may block past the flag client's socket timeout.
         client = redis.Redis.from_url(
@@ -590,6 +590,9 @@ class Drainers:
                 self.stopping.wait(self.WAIT_SECONDS)
                 continue
             if not woken:
+                # Idle for a while: give the database connection back (a worker's drainers
+                # would otherwise hold one each for CONN_MAX_AGE, busy or not).
+                connection.close()
                 continue
             # What Django does around a request and gateway.celery around a task: a connection
             # that broke (a PostgreSQL restart) or outlived CONN_MAX_AGE is replaced.
