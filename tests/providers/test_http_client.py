@@ -4,13 +4,18 @@ that a request which may have left is UNKNOWN while one that provably did not is
 The server here closes idle connections, as real providers and their load balancers do. The
 client checks a pooled connection before reusing it; the close can still land between that
 check and the write. The tests open that window on purpose (the check is made to miss) and
-look at what each kind of close proves.
+look at what each kind of close proves. The servers further down fail in the other ways a
+provider can (busy, refusing, hanging up, slow, cut off mid-write, chunked, ``Connection:
+close``, https), each with what it proves.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -26,13 +31,16 @@ class IdleClosingServer:
     """HTTP/1.1 with keep-alive; closes a connection ``idle`` seconds after its last answer,
     gracefully (FIN) or with a reset (RST). Counts the requests it read in full."""
 
-    def __init__(self, *, idle: float, reset: bool) -> None:
-        self.idle, self.reset = idle, reset
+    def __init__(self, *, idle: float, reset: bool, tls: ssl.SSLContext | None = None) -> None:
+        self.idle, self.reset, self.tls = idle, reset, tls
         self.requests: list[str] = []
+        self.heads: list[bytes] = []  # each request's line and headers, as received
+        self.bodies: list[bytes] = []
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/tickets"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/tickets"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -45,6 +53,12 @@ class IdleClosingServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:  # a client that does not trust the certificate
+                conn.close()
+                return
         buffer = b""
         while True:
             conn.settimeout(self.idle)
@@ -65,29 +79,43 @@ class IdleClosingServer:
                     length = int(value)
             if len(rest) < length:
                 continue
-            body, buffer = json.loads(rest[:length]), rest[length:]
+            body, buffer = rest[:length], rest[length:]
             key = next(
-                line.split(b":", 1)[1].strip().decode()
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"idempotency-key")
+                (
+                    line.split(b":", 1)[1].strip().decode()
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"idempotency-key")
+                ),
+                "",
             )
+            self.heads.append(head)
+            self.bodies.append(body)
             self.requests.append(key)
-            answer = json.dumps(
-                {
-                    "id": f"op_{len(self.requests)}",
-                    "status": "succeeded",
-                    "payload_digest": body["payload_digest"],
-                    "result": {},
-                }
-            ).encode()
-            conn.sendall(
-                b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(answer)}\r\n\r\n".encode()
-                + answer
-            )
+            if not self.answer(conn, json.loads(body) if body else {}):
+                break
         if self.reset:  # SO_LINGER 0: close() sends RST instead of FIN
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.close()
+
+    def operation(self, body: dict) -> bytes:
+        return json.dumps(
+            {
+                "id": f"op_{len(self.requests)}",
+                "status": "succeeded",
+                "payload_digest": body.get("payload_digest", "sha256:abc"),
+                "result": {},
+            }
+        ).encode()
+
+    def answer(self, conn: socket.socket, body: dict) -> bool:
+        """Answer one request; False closes the connection. Subclasses misbehave here."""
+        answer = self.operation(body)
+        conn.sendall(
+            b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(answer)}\r\n\r\n".encode()
+            + answer
+        )
+        return True
 
     def stop(self) -> None:
         self.sock.close()
@@ -120,12 +148,7 @@ def fresh_client(settings):
 def missed_check(monkeypatch):
     """The pool's liveness check of an idle connection misses the close (the close arrives
     just after it): the request is written on the closed connection."""
-    original = provider_http._CountingStream.get_extra_info
-
-    def get_extra_info(self, info):
-        return False if info == "is_readable" else original(self, info)
-
-    monkeypatch.setattr(provider_http._CountingStream, "get_extra_info", get_extra_info)
+    monkeypatch.setattr(provider_http, "_readable", lambda sock: False)
 
 
 def test_one_client_per_process_keeps_its_connection(fresh_client):
@@ -189,3 +212,312 @@ def test_a_client_made_before_a_fork_is_not_used_after_it(fresh_client, monkeypa
     monkeypatch.setattr(provider_http.os, "getpid", lambda: -1)
     after = provider_http._client()
     assert after is not before
+
+
+# -- What each way of failing proves ---------------------------------------------------------
+
+
+class HoldingServer(IdleClosingServer):
+    """Reads each request in full, then waits for ``release`` (or ``hold`` seconds)."""
+
+    def __init__(self, *, hold: float = 30, **kwargs) -> None:
+        super().__init__(idle=30, reset=False, **kwargs)
+        self.hold, self.release = hold, threading.Event()
+
+    def answer(self, conn, body):
+        self.release.wait(self.hold)
+        return super().answer(conn, body)
+
+
+def test_a_full_pool_is_not_started_and_sends_nothing(fresh_client):
+    server = HoldingServer()
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    results = {}
+
+    def call(key):
+        results[key] = adapter.execute(request(key))
+
+    busy = [threading.Thread(target=call, args=(f"k{i}",)) for i in range(16)]
+    try:
+        for thread in busy:
+            thread.start()
+        deadline = time.monotonic() + 5
+        while len(server.requests) < 16 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(server.requests) == 16  # every connection of the pool is out
+        waited = adapter.execute(ExecuteRequest(**{**vars(request("late")), "timeout": 0.3}))
+        server.release.set()
+        for thread in busy:
+            thread.join(5)
+    finally:
+        server.release.set()
+        server.stop()
+    assert waited.outcome == Outcome.NOT_STARTED, waited
+    assert waited.reason == "could not connect: nothing was sent"
+    assert waited.error.startswith("PoolTimeout")
+    assert "late" not in server.requests
+    assert server.connections == 16
+    assert {r.outcome for r in results.values()} == {Outcome.CONFIRMED}
+
+
+def test_a_refused_connection_is_not_started(fresh_client):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, not listening: the kernel refuses connections
+    url = f"http://127.0.0.1:{closed.getsockname()[1]}/tickets"
+    try:
+        result = provider_http.HttpProviderAdapter(url).execute(request("k1"))
+        lookup = provider_http.HttpProviderAdapter(url).lookup(idempotency_key="k1", timeout=1)
+    finally:
+        closed.close()
+    assert result.outcome == Outcome.NOT_STARTED, result
+    assert result.reason == "could not connect: nothing was sent"
+    assert "ConnectionRefused" in result.error
+    assert lookup.status == provider_http.LookupStatus.UNREACHABLE
+
+
+class HangUpServer(IdleClosingServer):
+    """Reads the request, then closes the connection without a word."""
+
+    def answer(self, conn, body):
+        return False
+
+
+def test_a_server_that_hangs_up_after_reading_the_request_is_unknown(fresh_client):
+    server = HangUpServer(idle=5, reset=False)
+    try:
+        result = provider_http.HttpProviderAdapter(server.url).execute(request("k1"))
+    finally:
+        server.stop()
+    assert result.outcome == Outcome.UNKNOWN, result
+    assert result.reason == "the connection failed after the request was sent"
+    assert server.requests == ["k1"]  # it did arrive: NOT_STARTED would have been a lie
+
+
+def test_a_timeout_after_the_request_was_sent_is_unknown_and_drops_the_connection(
+    fresh_client, missed_check
+):
+    # missed_check: the late answer would make the connection readable, and the liveness
+    # check would drop it anyway; what is under test is that it never went back to the pool.
+    server = HoldingServer(hold=0.5)
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    try:
+        slow = adapter.execute(ExecuteRequest(**{**vars(request("k1")), "timeout": 0.2}))
+        server.release.set()
+        time.sleep(0.4)  # the late answer to k1 lands on the abandoned connection
+        again = adapter.execute(request("k2"))
+    finally:
+        server.release.set()
+        server.stop()
+    assert slow.outcome == Outcome.UNKNOWN, slow
+    assert slow.reason == "timed out after the request was sent"
+    # Its answer was never read: reused, the connection would hand k1's answer to k2.
+    assert again.outcome == Outcome.CONFIRMED, again
+    assert again.operation.id == "op_2"
+    assert server.connections == 2
+
+
+def test_a_write_cut_off_midway_is_unknown(fresh_client):
+    # The server reads the start of a large request, then resets the connection while the
+    # client is still writing it: the write fails, but the kernel had accepted bytes before.
+    listener = socket.create_server(("127.0.0.1", 0))
+    received = []
+
+    def serve():
+        conn, _ = listener.accept()
+        received.append(conn.recv(65536))
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    big = ExecuteRequest(**{**vars(request("k1")), "payload": {"title": "t" * 32_000_000}})
+    try:
+        result = provider_http.HttpProviderAdapter(
+            f"http://127.0.0.1:{listener.getsockname()[1]}/tickets"
+        ).execute(big)
+    finally:
+        thread.join(5)
+        listener.close()
+    assert received and received[0].startswith(b"POST /tickets/operations")
+    assert result.outcome == Outcome.UNKNOWN, result
+    assert result.reason == "the connection failed after the request was sent"
+
+
+class ChunkedServer(IdleClosingServer):
+    def answer(self, conn, body):
+        answer = self.operation(body)
+        half = len(answer) // 2
+        chunks = b"".join(
+            f"{len(part):x}\r\n".encode() + part + b"\r\n"
+            for part in (answer[:half], answer[half:])
+        )
+        conn.sendall(
+            b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+        )
+        return True
+
+
+def test_a_chunked_answer_is_read_in_full_and_the_connection_kept(fresh_client):
+    server = ChunkedServer(idle=5, reset=False)
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    try:
+        first = adapter.execute(request("k1"))
+        second = adapter.execute(request("k2"))
+    finally:
+        server.stop()
+    assert (first.outcome, second.outcome) == (Outcome.CONFIRMED, Outcome.CONFIRMED)
+    assert (first.operation.id, second.operation.id) == ("op_1", "op_2")
+    assert server.connections == 1
+
+
+class ClosingServer(IdleClosingServer):
+    """Says ``Connection: close`` and yet keeps reading: only the client's respect for the
+    header makes it open a new connection."""
+
+    def answer(self, conn, body):
+        answer = self.operation(body)
+        conn.sendall(
+            b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(answer)}\r\n\r\n".encode()
+            + answer
+        )
+        return True
+
+
+def test_an_answer_that_says_connection_close_is_not_reused(fresh_client):
+    server = ClosingServer(idle=5, reset=False)
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    try:
+        first = adapter.execute(request("k1"))
+        second = adapter.execute(request("k2"))
+    finally:
+        server.stop()
+    assert (first.outcome, second.outcome) == (Outcome.CONFIRMED, Outcome.CONFIRMED)
+    assert server.connections == 2
+
+
+def test_an_idle_connection_past_the_keepalive_is_not_reused(fresh_client, settings):
+    settings.GATEWAY_PROVIDER_KEEPALIVE = 0.1
+    provider_http._clients.clear()
+    server = IdleClosingServer(idle=5, reset=False)  # it would have kept it
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    try:
+        adapter.execute(request("k1"))
+        time.sleep(0.2)
+        again = adapter.execute(request("k2"))
+    finally:
+        server.stop()
+    assert again.outcome == Outcome.CONFIRMED
+    assert server.connections == 2
+
+
+def test_without_keepalive_every_call_has_its_own_connection(fresh_client, settings):
+    settings.GATEWAY_PROVIDER_KEEPALIVE = 0
+    provider_http._clients.clear()
+    server = IdleClosingServer(idle=5, reset=False)
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    try:
+        results = [adapter.execute(request(key)).outcome for key in ("k1", "k2")]
+    finally:
+        server.stop()
+    assert results == [Outcome.CONFIRMED, Outcome.CONFIRMED]
+    assert server.connections == 2
+    assert b"\r\nConnection: close" in server.heads[0]
+
+
+def test_the_request_carries_the_protocol_headers_and_a_compact_body(fresh_client):
+    server = IdleClosingServer(idle=5, reset=False)
+    adapter = provider_http.HttpProviderAdapter(server.url + "/")
+    try:
+        adapter.execute(request("tenant:k1"))
+        adapter.lookup(idempotency_key="tenant:k 1&x", timeout=1)
+        adapter.lookup(idempotency_key="", provider_operation_id="op/1", timeout=1)
+    finally:
+        server.stop()
+    post, get, get_by_id = (head.decode().split("\r\n") for head in server.heads)
+    headers = {line.split(": ", 1)[0].lower(): line.split(": ", 1)[1] for line in post[1:]}
+    assert post[0] == "POST /tickets/operations HTTP/1.1"
+    assert headers["host"] == f"127.0.0.1:{server.port}"
+    assert headers["content-type"] == "application/json"
+    assert headers["idempotency-key"] == "tenant:k1"
+    assert headers["x-effect-id"] == "eff_test"
+    assert headers["user-agent"].startswith("effect-gateway/")
+    assert server.bodies[0] == (
+        b'{"type":"ticket.create","resource":{"type":"queue","id":"q"},'
+        b'"payload":{"title":"t"},"payload_digest":"sha256:abc"}'
+    )
+    assert get[0] == "GET /tickets/operations?idempotency_key=tenant%3Ak+1%26x HTTP/1.1"
+    assert get_by_id[0] == "GET /tickets/operations/op%2F1 HTTP/1.1"
+    assert server.connections == 1
+
+
+# -- https -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1, made here: (cert file, key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provider.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def tls_server(certificate):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    server = IdleClosingServer(idle=5, reset=False, tls=context)
+    yield server
+    server.stop()
+
+
+def test_https_keeps_its_connection_with_a_trusted_certificate(
+    fresh_client, certificate, tls_server
+):
+    provider_http._client().ssl_context = ssl.create_default_context(cafile=certificate[0])
+    adapter = provider_http.HttpProviderAdapter(tls_server.url)
+    first = adapter.execute(request("k1"))
+    second = adapter.execute(request("k2"))
+    assert (first.outcome, second.outcome) == (Outcome.CONFIRMED, Outcome.CONFIRMED), first
+    assert tls_server.requests == ["k1", "k2"]
+    assert tls_server.connections == 1
+
+
+def test_https_to_an_untrusted_certificate_is_not_started(fresh_client, tls_server):
+    result = provider_http.HttpProviderAdapter(tls_server.url).execute(request("k1"))
+    assert result.outcome == Outcome.NOT_STARTED, result
+    assert "CERTIFICATE_VERIFY_FAILED" in result.error
+    assert tls_server.requests == []
