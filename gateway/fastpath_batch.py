@@ -41,6 +41,7 @@ from gateway.fastpath import (
     FastClaim,
     _compact,
     _json,
+    attempt_budgets,
     claim_ctes,
     claim_from_row,
     claim_params,
@@ -119,19 +120,14 @@ class Batch:
         return len(self.claims) + len(self.refused)
 
 
-@cache
-def _budgets() -> tuple[list[str], list[int]]:
-    """Each type's attempt budget (its contract's recovery policy); unknown types: none."""
-    from gateway.contracts import CONTRACTS
-
-    return list(CONTRACTS), [c.recovery.max_dispatch_attempts for c in CONTRACTS.values()]
+# Contracts register at import: a worker's budgets are the same for its life.
+_budgets = cache(attempt_budgets)
 
 
 def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = ()) -> Batch:
     """Claim up to ``limit`` due effects in one statement (autocommit: committed when it
     returns). ``skip``: effects this drainer already handed to the general path."""
-    types, budgets = _budgets()
-    params = claim_params(now=timezone.now(), worker=worker, types=types, budgets=budgets)
+    params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
     params.update(limit=limit, skip=list(skip))
     claims, refused = [], []
     for row in _execute(_CLAIM_BATCH, params):
