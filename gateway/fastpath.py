@@ -311,9 +311,7 @@ def submit(
         "reason": reason,
         "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
     }
-    with prepared.cursor() as cursor:
-        cursor.execute(_SUBMIT_OR_EXISTING, params)
-        row = cursor.fetchone()
+    row = prepared.fetchone(_SUBMIT_OR_EXISTING, params)
     if row is None:
         return None
     if not row[0]:
@@ -500,9 +498,7 @@ def claim(*, effect_id: str, worker: str) -> FastClaim | None:
     has it): the general path then decides what the effect needs."""
     params = claim_params(now=timezone.now(), worker=worker, budgets=attempt_budgets())
     params["id"] = effect_id
-    with prepared.cursor() as cursor:
-        cursor.execute(_CLAIM, params)
-        row = cursor.fetchone()
+    row = prepared.fetchone(_CLAIM, params)
     if row is None:
         return None
     return claim_from_row(row)
@@ -606,9 +602,9 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "result_digest": sha256_digest(operation.result) if operation else None,
     }
     params["seal"] = _receipt_seal(claim, params) if operation else ""
-    with prepared.cursor() as cursor:
-        cursor.execute(_RECORD, params)
-        return cursor.fetchone()[0] == 1
+    row = prepared.fetchone(_RECORD, params)
+    assert row is not None  # count(*): one row
+    return row[0] == 1
 
 
 def _receipt_seal(claim: FastClaim, params: dict[str, Any]) -> str:

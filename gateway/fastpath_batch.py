@@ -55,12 +55,10 @@ from gateway.webhooks.models import WebhookEndpoint
 
 
 def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run one of these statements on a prepared, server-side-binding cursor
-    (``gateway.lib.prepared``: a drainer runs them over and over on one connection, and
-    planning them cost PostgreSQL more than running them)."""
-    with prepared.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    """Run one of these statements prepared, with server-side binding (``gateway.lib.prepared``:
+    a drainer runs them over and over on one connection, and planning them cost PostgreSQL
+    more than running them)."""
+    return prepared.fetchall(sql, params)
 
 
 # --- claim ------------------------------------------------------------------------------------
