@@ -84,6 +84,7 @@ def _execute(sql: str, params: dict[str, Any]) -> CursorWrapper:
     # What Django's connection.cursor() does with the cursor it creates (the stubs type the
     # argument as Django's own wrapper; it is the driver's cursor). Made per call: it reads
     # ``queries_logged`` (CaptureQueriesContext) and the execute wrappers as they are now.
+    wrapper: CursorWrapper
     if connection.queries_logged:
         wrapper = connection.make_debug_cursor(cast(Any, raw))
     else:
