@@ -218,17 +218,15 @@ def seal_tenant(
         head = _head_for_sealing(tenant_id)
         if head is None:
             return 0
-        with prepared.cursor() as cursor:
-            cursor.execute(
-                _CANDIDATES_ALL if everything else _CANDIDATES,
-                {
-                    "tenant": tenant_id,
-                    "floor": head.floor_txid,
-                    "reach": head.reach,
-                    "limit": batch,
-                },
-            )
-            rows = cursor.fetchall()
+        rows = prepared.fetchall(
+            _CANDIDATES_ALL if everything else _CANDIDATES,
+            {
+                "tenant": tenant_id,
+                "floor": head.floor_txid,
+                "reach": head.reach,
+                "limit": batch,
+            },
+        )
         low, high = rows[0][0], rows[0][1]
         if high < head.floor_txid:
             _report_halted(tenant_id, head.floor_txid, high)
@@ -317,9 +315,8 @@ def seal_pending(*, shard: int = 0, shards: int = 1, batch: int | None = None) -
     nothing committed is left unsealed. Returns how many events were sealed."""
     # Prepared (gateway.lib.prepared): this runs every half second, and planning it cost more
     # than running it.
-    with prepared.cursor() as cursor:
-        cursor.execute(_TENANTS_WITH_WORK, {"shard": shard, "shards": shards})
-        tenants = [tenant_id for (tenant_id,) in cursor.fetchall()]
+    rows = prepared.fetchall(_TENANTS_WITH_WORK, {"shard": shard, "shards": shards})
+    tenants = [tenant_id for (tenant_id,) in rows]
     sealed = 0
     for tenant_id in tenants:
         full = False
@@ -376,9 +373,9 @@ SELECT h.length, h.last_hash, h.sealed_at, {_FLOOR} > horizon.high, waiting.coun
 
 def seal_state(tenant_id: int) -> SealState:
     """The sealed head and the unsealed backlog, in one query."""
-    with prepared.cursor() as cursor:
-        cursor.execute(_SEAL_STATE, {"tenant": tenant_id})
-        length, last_hash, sealed_at, halted, unsealed, oldest = cursor.fetchone()
+    row = prepared.fetchone(_SEAL_STATE, {"tenant": tenant_id})
+    assert row is not None  # aggregates: one row
+    length, last_hash, sealed_at, halted, unsealed, oldest = row
     return SealState(
         length=length or 0,
         last_hash=last_hash or GENESIS,

@@ -311,9 +311,7 @@ def submit(
         "reason": reason,
         "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
     }
-    with prepared.cursor() as cursor:
-        cursor.execute(_SUBMIT_OR_EXISTING, params)
-        row = cursor.fetchone()
+    row = prepared.fetchone(_SUBMIT_OR_EXISTING, params)
     if row is None:
         return None
     if not row[0]:
@@ -383,8 +381,8 @@ def submit(
 # rows of ``{locked}`` (effect_id, status) for which every dispatch check holds; each gets its
 # ``claimed`` event and its ``sending`` attempt. An approval must name this command's digest
 # (anything else: the general path refuses). No SQL comment in here: ``_compact`` puts the
-# statement on one line. Parameters: now, lease, types and budgets (each type's attempt
-# budget; unknown types: none), approved_after, actor, worker.
+# statement on one line. Parameters: now, lease, budgets (``attempt_budgets``),
+# approved_after, actor, worker.
 CLAIM_CHECKS = """
 c.effect_id = e.effect_id AND p.id = c.requested_by_id
 AND c.expires_at > %(now)s
@@ -411,7 +409,7 @@ claimed AS (
            next_dispatch_at = NULL, lease_expires_at = %(lease)s, status_changed_at = %(now)s,
            updated_at = %(now)s
       FROM {locked}, gateway_command c, gateway_principal p,
-           unnest(%(types)s::text[], %(budgets)s::int[]) AS budget (type, attempts)
+           jsonb_to_recordset(%(budgets)s::jsonb) AS budget (type text, attempts int)
      WHERE e.effect_id = {locked}.effect_id AND e.status = {locked}.status AND NOT e.frozen
        AND {CLAIM_CHECKS}
     RETURNING e.effect_id, e.tenant_id, e.fence, e.attempt_count, e.check_count,
@@ -444,11 +442,24 @@ claimed.check_count, claimed.type, claimed.provider_key, claimed.resource,
 claimed.payload_sealed, claimed.payload_digest, attempt.id"""
 
 
-def claim_params(*, now, worker: str, types: list[str], budgets: list[int]) -> dict[str, Any]:
+def attempt_budgets() -> str:
+    """Each type's attempt budget (its contract's recovery policy; unknown types: none), as
+    the claim binds it: one JSON array of rows. As two arrays (types, budgets) they were most
+    of the claim's parameter dumping: psycopg inspects and dumps each element of a list."""
+    from gateway.contracts import CONTRACTS
+
+    return _json(
+        [
+            {"type": type_, "attempts": contract.recovery.max_dispatch_attempts}
+            for type_, contract in CONTRACTS.items()
+        ]
+    )
+
+
+def claim_params(*, now, worker: str, budgets: str) -> dict[str, Any]:
     return {
         "now": now,
         "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
-        "types": types,
         "budgets": budgets,
         "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
         "actor": f"worker:{worker}",
@@ -485,20 +496,9 @@ class FastClaim:
 def claim(*, effect_id: str, worker: str) -> FastClaim | None:
     """Claim ``effect_id`` if every dispatch check holds; None otherwise (or if another worker
     has it): the general path then decides what the effect needs."""
-    from gateway.contracts import CONTRACTS
-
-    now = timezone.now()
-    # Each type's attempt budget (its contract's recovery policy); unknown types: none.
-    params = claim_params(
-        now=now,
-        worker=worker,
-        types=list(CONTRACTS),
-        budgets=[c.recovery.max_dispatch_attempts for c in CONTRACTS.values()],
-    )
+    params = claim_params(now=timezone.now(), worker=worker, budgets=attempt_budgets())
     params["id"] = effect_id
-    with prepared.cursor() as cursor:
-        cursor.execute(_CLAIM, params)
-        row = cursor.fetchone()
+    row = prepared.fetchone(_CLAIM, params)
     if row is None:
         return None
     return claim_from_row(row)
@@ -602,9 +602,9 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "result_digest": sha256_digest(operation.result) if operation else None,
     }
     params["seal"] = _receipt_seal(claim, params) if operation else ""
-    with prepared.cursor() as cursor:
-        cursor.execute(_RECORD, params)
-        return cursor.fetchone()[0] == 1
+    row = prepared.fetchone(_RECORD, params)
+    assert row is not None  # count(*): one row
+    return row[0] == 1
 
 
 def _receipt_seal(claim: FastClaim, params: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ from gateway.fastpath import (
     FastClaim,
     _compact,
     _json,
+    attempt_budgets,
     claim_ctes,
     claim_from_row,
     claim_params,
@@ -54,12 +55,10 @@ from gateway.webhooks.models import WebhookEndpoint
 
 
 def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run one of these statements on a prepared, server-side-binding cursor
-    (``gateway.lib.prepared``: a drainer runs them over and over on one connection, and
-    planning them cost PostgreSQL more than running them)."""
-    with prepared.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    """Run one of these statements prepared, with server-side binding (``gateway.lib.prepared``:
+    a drainer runs them over and over on one connection, and planning them cost PostgreSQL
+    more than running them)."""
+    return prepared.fetchall(sql, params)
 
 
 # --- claim ------------------------------------------------------------------------------------
@@ -119,19 +118,14 @@ class Batch:
         return len(self.claims) + len(self.refused)
 
 
-@cache
-def _budgets() -> tuple[list[str], list[int]]:
-    """Each type's attempt budget (its contract's recovery policy); unknown types: none."""
-    from gateway.contracts import CONTRACTS
-
-    return list(CONTRACTS), [c.recovery.max_dispatch_attempts for c in CONTRACTS.values()]
+# Contracts register at import: a worker's budgets are the same for its life.
+_budgets = cache(attempt_budgets)
 
 
 def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = ()) -> Batch:
     """Claim up to ``limit`` due effects in one statement (autocommit: committed when it
     returns). ``skip``: effects this drainer already handed to the general path."""
-    types, budgets = _budgets()
-    params = claim_params(now=timezone.now(), worker=worker, types=types, budgets=budgets)
+    params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
     params.update(limit=limit, skip=list(skip))
     claims, refused = [], []
     for row in _execute(_CLAIM_BATCH, params):
@@ -159,22 +153,21 @@ def due_effect_ids(*, limit: int, skip: list[str] | tuple[str, ...] = ()) -> lis
 
 # One row per outcome (``o``), written under ``fastpath._RECORD``'s conditions. The command's
 # part of them (no compensation, no saga) was read by the claim (commands never change): the
-# caller passes only such outcomes. The effect rows are named by ``= ANY(ids)`` as well: the
-# planner knows nothing of ``o``'s rows, and without statistics (no ANALYZE yet) it chose to
-# scan a whole table to join them.
+# caller passes only such outcomes. The outcomes arrive as one JSON array of rows (``_row``),
+# not an array per column: psycopg inspects and dumps every element of every list it binds,
+# and 21 lists of a batch's values were most of this statement's CPU in the worker
+# (docs/reliability.md, "The batch record's parameters"; jsonb, not json: with its parse, the
+# cheaper of the two for PostgreSQL at a full batch). The effect rows are named by
+# ``= ANY(ids)`` as well: the planner knows nothing of ``o``'s rows, and without statistics
+# (no ANALYZE yet) it chose to scan a whole table to join them.
 _RECORD_BATCH = _compact(f"""
 WITH o AS (
-    SELECT * FROM unnest(
-        %(ids)s::text[], %(fences)s::bigint[], %(tos)s::text[], %(next_checks)s::timestamptz[],
-        %(next_dispatches)s::timestamptz[], %(op_ids)s::text[], %(mismatches)s::bool[],
-        %(confirmeds)s::timestamptz[], %(reasons)s::text[], %(evidence)s::text[],
-        %(outcomes)s::text[], %(http_statuses)s::int[], %(errors)s::text[],
-        %(attempts)s::bigint[], %(op_statuses)s::text[], %(op_digests)s::text[],
-        %(op_results)s::text[], %(result_digests)s::text[], %(seals)s::text[],
-        %(providers)s::text[], %(command_digests)s::text[])
-      AS o (effect_id, fence, to_status, next_check, next_dispatch, op_id, mismatch, confirmed,
-            reason, evidence, outcome, http_status, error, attempt_id, op_status, op_digest,
-            op_result, result_digest, seal, provider, command_digest)
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+      AS o (effect_id text, fence bigint, to_status text, next_check timestamptz,
+            next_dispatch timestamptz, op_id text, mismatch bool, confirmed timestamptz,
+            reason text, evidence jsonb, outcome text, http_status int, error text,
+            attempt_id bigint, op_status text, op_digest text, op_result jsonb,
+            result_digest text, seal text, provider text, command_digest text)
 ), recorded AS (
     UPDATE gateway_effect e
        SET status = o.to_status, status_changed_at = %(now)s, updated_at = %(now)s,
@@ -194,7 +187,7 @@ WITH o AS (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
         reason, data, created_at)
     SELECT r.tenant_id, r.effect_id, '', 'dispatched', 'DISPATCHING', o.to_status, %(actor)s,
-           NULL, o.reason, o.evidence::jsonb, %(now)s
+           NULL, o.reason, o.evidence, %(now)s
       FROM recorded r JOIN o ON o.effect_id = r.effect_id
 ), attempt AS (
     UPDATE gateway_attempt a SET state = 'finished', outcome = o.outcome,
@@ -207,7 +200,7 @@ WITH o AS (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
         payload_digest, digest_matches, result, result_digest, received_at, seal)
     SELECT r.effect_id, o.attempt_id, 'dispatch', o.provider, o.op_id, o.op_status,
-           o.op_digest, o.op_digest = o.command_digest, o.op_result::jsonb, o.result_digest,
+           o.op_digest, o.op_digest = o.command_digest, o.op_result, o.result_digest,
            %(now)s, o.seal
       FROM recorded r JOIN o ON o.effect_id = r.effect_id
      WHERE o.op_id IS NOT NULL
@@ -226,45 +219,24 @@ class Answer:
     fields: dict[str, Any]
 
 
-# The statement's arrays, in the order of a row of ``_row``.
-_RECORD_COLUMNS = (
-    "ids",
-    "fences",
-    "tos",
-    "next_checks",
-    "next_dispatches",
-    "op_ids",
-    "mismatches",
-    "confirmeds",
-    "reasons",
-    "evidence",
-    "outcomes",
-    "http_statuses",
-    "errors",
-    "attempts",
-    "op_statuses",
-    "op_digests",
-    "op_results",
-    "result_digests",
-    "seals",
-    "providers",
-    "command_digests",
-)
-
-
 def record_batch(*, answers: list[Answer], worker: str, now: datetime) -> set[str]:
     """Write each outcome at its claim's fence, in one statement. Returns the effects written;
     the others need the general record (stale, or a tenant's webhook endpoint). Pass no
     compensation (``claim.compensates``): its record settles the original, the general way."""
     assert not any(answer.claim.compensates for answer in answers)
-    columns = zip(*(_row(answer, now) for answer in answers), strict=True)
-    params: dict[str, Any] = dict(zip(_RECORD_COLUMNS, map(list, columns), strict=True))
-    params.update(now=now, actor=f"worker:{worker}")
+    params = {
+        "rows": _json([_row(answer, now) for answer in answers]),
+        "ids": [answer.claim.effect_id for answer in answers],
+        "now": now,
+        "actor": f"worker:{worker}",
+    }
     return {effect_id for (effect_id,) in _execute(_RECORD_BATCH, params)}
 
 
-def _row(answer: Answer, now: datetime) -> tuple[Any, ...]:
-    """One outcome's values, as ``fastpath.record`` binds them."""
+def _row(answer: Answer, now: datetime) -> dict[str, Any]:
+    """One outcome's values, as ``fastpath.record`` binds them, for ``jsonb_to_recordset``:
+    times as ISO 8601 with their offset (PostgreSQL reads them back to the microsecond), the
+    event's evidence and the provider's result as JSON values (the columns are jsonb)."""
     claim, result, fields = answer.claim, answer.result, answer.fields
     operation = result.operation
     error = result.error or ""
@@ -272,29 +244,33 @@ def _row(answer: Answer, now: datetime) -> tuple[Any, ...]:
     if operation is not None:
         result_digest = sha256_digest(operation.result)
         seal = _seal(claim, operation, result_digest=result_digest, now=now)
-    return (
-        claim.effect_id,
-        claim.fence,
-        str(OUTCOME_STATUS[result.outcome]),
-        fields.get("next_check_at"),
-        fields.get("next_dispatch_at"),
-        operation.id if operation else None,
-        bool(fields.get("mismatch")),
-        fields.get("confirmed_at"),
-        result.reason,
-        _json(record_evidence(claim, result)),
-        str(result.outcome),
-        result.http_status,
-        error[:2000],
-        claim.attempt_id,
-        operation.status if operation else None,
-        operation.payload_digest if operation else None,
-        _json(operation.result if operation else {}),
-        result_digest,
-        seal,
-        claim.provider,
-        claim.payload_digest,
-    )
+    return {
+        "effect_id": claim.effect_id,
+        "fence": claim.fence,
+        "to_status": str(OUTCOME_STATUS[result.outcome]),
+        "next_check": _iso(fields.get("next_check_at")),
+        "next_dispatch": _iso(fields.get("next_dispatch_at")),
+        "op_id": operation.id if operation else None,
+        "mismatch": bool(fields.get("mismatch")),
+        "confirmed": _iso(fields.get("confirmed_at")),
+        "reason": result.reason,
+        "evidence": record_evidence(claim, result),
+        "outcome": str(result.outcome),
+        "http_status": result.http_status,
+        "error": error[:2000],
+        "attempt_id": claim.attempt_id,
+        "op_status": operation.status if operation else None,
+        "op_digest": operation.payload_digest if operation else None,
+        "op_result": operation.result if operation else {},
+        "result_digest": result_digest,
+        "seal": seal,
+        "provider": claim.provider,
+        "command_digest": claim.payload_digest,
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def _seal(

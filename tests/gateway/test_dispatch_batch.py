@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.conf import settings as django_settings
@@ -17,7 +18,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gateway import capabilities, dispatcher, fastpath, fastpath_batch, hooks, services
-from gateway.models import Attempt, Capability, Effect, EffectEvent, Principal
+from gateway.checkpoints import receipt_seal
+from gateway.choices import Outcome
+from gateway.models import Attempt, Capability, Effect, EffectEvent, Principal, Receipt
+from gateway.providers.base import CallResult, ProviderOperation
 from tests.conftest import REFUND, TICKET, Persona
 
 pytestmark = pytest.mark.django_db
@@ -239,6 +243,122 @@ def test_a_stale_batch_record_writes_nothing_and_the_refusal_is_recorded(sandbox
     assert status(effect_id) == "UNKNOWN"
     assert EffectEvent.objects.filter(effect_id=effect_id, kind="stale_write_refused").exists()
     assert Attempt.objects.get(pk=claim.attempt_id).state == "stale"
+
+
+# The outcomes a batch record binds, each with the values that bind differently: a nested
+# result object, a null http status, a mismatch, a retry time; times at the microsecond in a
+# zone that is not the database's.
+_KOLKATA = ZoneInfo("Asia/Kolkata")
+_AT = datetime(2026, 3, 4, 5, 6, 7, 123457, tzinfo=_KOLKATA)
+_OUTCOMES = {
+    "confirmed": (
+        Outcome.CONFIRMED,
+        {"ticket": {"id": "T-1", "tags": ["a", "é"], "n": 1.5}, "ok": True, "none": None},
+        201,
+        "",
+        {"confirmed_at": _AT},
+    ),
+    "in progress, no status": (
+        Outcome.IN_PROGRESS,
+        None,
+        None,
+        "read timed out\nafter 5 s",
+        {"next_check_at": _AT + timedelta(microseconds=1)},
+    ),
+    "mismatch": (Outcome.UNKNOWN, {}, 200, "", {"mismatch": True}),
+    "not started": (
+        Outcome.NOT_STARTED,
+        None,
+        503,
+        "busy 'quoted' \"too\"",
+        {"next_dispatch_at": _AT - timedelta(days=1)},
+    ),
+}
+
+
+def _answer(claim: fastpath_batch.BatchClaim, name: str) -> fastpath_batch.Answer:
+    outcome, result, http_status, error, fields = _OUTCOMES[name]
+    operation = None
+    if result is not None:
+        digest = "sha256:other" if name == "mismatch" else claim.payload_digest
+        operation = ProviderOperation(f"op-{claim.effect_id}", "succeeded", digest, result)
+    call = CallResult(
+        outcome, f"because {name}", operation, http_status, error, mismatch=name == "mismatch"
+    )
+    return fastpath_batch.Answer(claim, call, fields)
+
+
+def _written(effect_id: str) -> dict:
+    """What a record wrote for the effect, without what names the effect or its attempt."""
+    effect = Effect.objects.get(pk=effect_id)
+    event = EffectEvent.objects.get(effect_id=effect_id, kind="dispatched")
+    attempt = Attempt.objects.get(effect_id=effect_id)
+    receipt = Receipt.objects.filter(effect_id=effect_id).first()
+    written = {
+        "effect": [getattr(effect, name) for name in _EFFECT_FIELDS],
+        "event": [event.to_status, event.actor, event.reason, event.data, event.created_at],
+        "attempt": [attempt.state, attempt.outcome, attempt.http_status, attempt.error],
+        "attempt finished": attempt.finished_at,
+        "receipt": None,
+    }
+    written["event"][3] = {**event.data, "provider_operation_id": None}
+    if effect.provider_operation_id:
+        assert effect.provider_operation_id == attempt.provider_operation_id == f"op-{effect_id}"
+    if receipt is not None:
+        assert receipt.seal == receipt_seal(receipt) and receipt.attempt_id == attempt.pk
+        written["receipt"] = [
+            receipt.source,
+            receipt.provider,
+            receipt.provider_status,
+            receipt.payload_digest == effect.command.payload_digest,
+            receipt.digest_matches,
+            receipt.result,
+            receipt.result_digest,
+            receipt.received_at,
+        ]
+    return written
+
+
+_EFFECT_FIELDS = [
+    "status",
+    "status_changed_at",
+    "updated_at",
+    "lease_expires_at",
+    "next_check_at",
+    "next_dispatch_at",
+    "mismatch",
+    "confirmed_at",
+]
+
+
+def test_a_batch_record_writes_what_the_single_record_writes(sandbox, agent):
+    """The single record (``fastpath.record``, one parameter per value) is the oracle for
+    what the batch record's JSON rows bind."""
+    ids = [submit(agent, f"oracle {n}") for n in range(2 * len(_OUTCOMES))]
+    claims = {
+        claim.effect_id: claim
+        for claim in fastpath_batch.claim_batch(limit=len(ids), worker="w").claims
+    }
+    assert set(claims) == set(ids)
+    now = timezone.now()  # in UTC, as the worker's: the seal covers its text
+    batch, single = ids[::2], ids[1::2]
+    answers = [_answer(claims[eid], name) for eid, name in zip(batch, _OUTCOMES, strict=True)]
+    assert fastpath_batch.record_batch(answers=answers, worker="w", now=now) == set(batch)
+    for effect_id, name in zip(single, _OUTCOMES, strict=True):
+        answer = _answer(claims[effect_id], name)
+        assert fastpath.record(
+            claim=answer.claim, result=answer.result, worker="w", fields=answer.fields, now=now
+        )
+    for name, by_batch, by_single in zip(_OUTCOMES, batch, single, strict=True):
+        assert _written(by_batch) == _written(by_single), name
+    confirmed, in_progress, mismatch, not_started = map(_written, batch)
+    assert confirmed["effect"][7] == _AT and confirmed["event"][4] == now
+    assert confirmed["receipt"][5] == _OUTCOMES["confirmed"][1]
+    assert in_progress["effect"][4] == _AT + timedelta(microseconds=1)
+    assert in_progress["attempt"][2] is None and in_progress["receipt"] is None
+    assert mismatch["effect"][6] is True and mismatch["receipt"][3:5] == [False, False]
+    assert not_started["effect"][5] == _AT - timedelta(days=1)
+    assert not_started["attempt"][3] == _OUTCOMES["not started"][3]
 
 
 def test_a_compensation_claimed_in_a_batch_settles_its_original(

@@ -79,3 +79,68 @@ def test_the_hot_statements_are_planned_once_not_six_times(agent, sandbox):
     statements = hot_statement_plans(agent, "g")
     assert set(statements) >= {"cmd", "old", "recorded"}, statements
     assert all(custom == 0 for _generic, custom in statements.values()), statements
+
+
+# gateway.lib.prepared keeps a cursor per statement for the thread's connection.
+_ECHO = "SELECT %(n)s::int, 1 / %(n)s::int"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_gets_new_cursors_and_a_failed_statement_runs_again():
+    from django.db import connection, utils
+
+    from gateway.lib import prepared
+
+    assert prepared.fetchone(_ECHO, {"n": 1}) == (1, 1)
+    closed = connection.connection
+    connection.close()  # CONN_MAX_AGE, a failed health check, an error: Django closes it
+    assert closed.closed
+    assert prepared.fetchall(_ECHO, {"n": 2}) == [(2, 0)]
+    assert connection.connection is not closed
+    with pytest.raises(utils.DataError):
+        prepared.fetchone(_ECHO, {"n": 0})
+    assert prepared.fetchone(_ECHO, {"n": 4}) == (4, 0)
+
+
+@pytest.mark.django_db
+def test_the_prepared_cursors_keep_their_str_dumper_to_themselves():
+    """Django's cursors on the same connection bind on the client exactly as before."""
+    from django.db import connection
+
+    from gateway.lib import prepared
+
+    assert prepared.fetchone("SELECT %(s)s || 'x', %(s)s = ANY(%(l)s)", {"s": "a", "l": ["a"]})
+    with connection.cursor() as cursor:
+        assert cursor.mogrify("SELECT %s, %s", ["a", ["a", "b"]]) == "SELECT 'a', '{a,b}'"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_thread_runs_a_statement_on_a_cursor_of_its_own():
+    """A cursor holds its last result until it runs again: two threads on one cursor would
+    read each other's rows. Here both use one connection (Django's thread sharing, as its
+    live server thread does)."""
+    import threading
+
+    from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+    from gateway.lib import prepared
+
+    assert prepared.fetchone(_ECHO, {"n": 1}) == (1, 1)
+    mine = prepared._cursor(connection, _ECHO)
+    assert prepared._cursor(connection, _ECHO) is mine  # reused: its Transformer with it
+    shared, theirs = connections[DEFAULT_DB_ALIAS], []
+
+    def other_thread():
+        connections[DEFAULT_DB_ALIAS] = shared
+        assert prepared.fetchone(_ECHO, {"n": 2}) == (2, 0)
+        theirs.append(prepared._cursor(shared, _ECHO))
+
+    shared.inc_thread_sharing()
+    try:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    finally:
+        shared.dec_thread_sharing()
+    assert theirs and theirs[0] is not mine
+    assert prepared.fetchone(_ECHO, {"n": 3}) == (3, 0)
