@@ -131,6 +131,38 @@ def _announce_script() -> Any:
     return _redis().register_script(_ANNOUNCE)
 
 
+class _Connection(threading.local):
+    """This thread's own connection to the broker's Redis, for the flag's commands, which
+    run at every submission and around every drain's claims: redis-py's client spends about
+    75 µs of CPU on a command (its pool, retries and events), a connection of one's own with
+    the command packed once about 30 (the round trip's system calls)."""
+
+    owner: tuple[int, int] = (0, 0)  # (process, client) it was made for
+    connection: Any = None
+
+
+_connection = _Connection()
+
+
+def _run(packed: list[bytes], retry: bool = True) -> Any:
+    """One packed command on this thread's connection; its reply (an error reply raised). A
+    connection that broke (Redis restarted) is replaced once, then the error is raised: the
+    callers' answer to a broker that is down (the sweeper sends what is due)."""
+    client = _redis()
+    owner = (os.getpid(), id(client))  # a forked child, or a client swapped by a test
+    if _connection.owner != owner or _connection.connection is None:
+        _connection.owner, _connection.connection = owner, client.connection_pool.make_connection()
+    connection = _connection.connection
+    try:
+        connection.send_packed_command(packed, check_health=False)
+        return connection.read_response()
+    except (redis.ConnectionError, redis.TimeoutError):
+        connection.disconnect()
+        if not retry:
+            raise
+        return _run(packed, retry=False)
+
+
 class DueFlag:
     """The flag of one task queue, set means "a drainer is on its way or at work", and the
     list of wake-ups that the queue's drainer threads wait on (``Drainers``)."""
@@ -138,15 +170,35 @@ class DueFlag:
     def __init__(self, queue: str) -> None:
         self.key = f"gateway:dispatch-due:{queue}"
         self.wake_key = f"{self.key}:wake"
+        self._packed: dict[tuple[str, ...], list[bytes]] = {}
 
     def _ttl_ms(self) -> int:
         return max(1, int(settings.GATEWAY_DUE_FLAG_TTL * 1000))
 
-    def announce(self, reason: str = "") -> bool:
-        """Set the flag and push a wake-up, if nobody holds the flag; True if this call did."""
-        keys = [self.key, self.wake_key]
-        args = [self._ttl_ms(), reason or "due", -_WAKE_KEEP, _WAKE_TTL_MS]
-        return bool(_announce_script()(keys=keys, args=args))
+    def _command(self, *args: Any) -> list[bytes]:
+        """``args`` packed for the wire, once (the TTL is read each time: tests change it)."""
+        key = tuple(map(str, args))
+        packed = self._packed.get(key)
+        if packed is None:
+            packed = self._packed[key] = (
+                _redis().connection_pool.make_connection().pack_command(*args)
+            )
+        return packed
+
+    def announce(self, reason: str = "due") -> bool:
+        """Set the flag and push a wake-up (``reason``, for whoever reads the list), if nobody
+        holds the flag; True if this call did."""
+        script = _announce_script()
+        command = self._command(
+            "EVALSHA", script.sha, 2, self.key, self.wake_key,
+            self._ttl_ms(), reason, -_WAKE_KEEP, _WAKE_TTL_MS,
+        )  # fmt: skip
+        try:
+            return bool(_run(command))
+        except redis.exceptions.NoScriptError:
+            # Redis lost its script cache (restarted): redis-py's call loads it again.
+            keys = [self.key, self.wake_key]
+            return bool(script(keys=keys, args=[self._ttl_ms(), reason, -_WAKE_KEEP, _WAKE_TTL_MS]))
 
     def wake(self, reason: str) -> None:
         """Push a wake-up past the flag: one more drainer (a backlog shared out)."""
@@ -162,11 +214,11 @@ class DueFlag:
         return client.blpop([self.wake_key], timeout=timeout) is not None
 
     def clear(self) -> None:
-        _redis().delete(self.key)
+        _run(self._command("DEL", self.key))
 
     def hold(self) -> None:
         """Set it again, whoever set it before: a drainer that found work after its clear."""
-        _redis().set(self.key, b"1", px=self._ttl_ms())
+        _run(self._command("SET", self.key, "1", "PX", self._ttl_ms()))
 
 
 def announce_due(task: Any, effect_id: str = "") -> None:
@@ -184,7 +236,7 @@ def announce_due(task: Any, effect_id: str = "") -> None:
     flag = _flags.get(queue)
     if flag is None:
         flag = _flags[queue] = DueFlag(queue)
-    flag.announce(effect_id)
+    flag.announce()
 
 
 _flags: dict[str, DueFlag] = {}
@@ -308,8 +360,9 @@ class _Window:
     when the process starts, one more for every answer that comes back (so it doubles with
     each round of answers), up to ``GATEWAY_DISPATCH_BATCH``. What a worker had claimed when it
     died waits for its leases to run out and for the reconciler to ask the provider; starting
-    at one bounds that to one effect per life for a worker that keeps dying (a poison payload,
-    an out-of-memory kill), and a healthy worker is at full width after a handful of rounds."""
+    at one bounds that to one effect per life and drainer thread (``GATEWAY_DRAINERS``, one by
+    default) for a worker that keeps dying (a poison payload, an out-of-memory kill), and a
+    healthy worker is at full width after a handful of rounds."""
 
     def __init__(self) -> None:
         self.size = 1

@@ -370,8 +370,11 @@ GATEWAY_DUE_FLAG_TTL = env_number("GATEWAY_DUE_FLAG_TTL", 1)
 GATEWAY_DISPATCH_BATCH = env_int("GATEWAY_DISPATCH_BATCH", 16)
 GATEWAY_DISPATCH_CALLS = env_int("GATEWAY_DISPATCH_CALLS", 16)
 # Threads per worker process (per child with prefork) that wait for the flag's wake-ups and
-# drain: the submissions' signal reaches them without a broker message.
-GATEWAY_DRAINERS = env_int("GATEWAY_DRAINERS", 2)
+# drain: the submissions' signal reaches them without a broker message. One is enough (its
+# window and the call threads carry the concurrency; other processes share a backlog), and
+# more would widen what a crash-looping worker strands per life: one effect per drainer (a
+# fresh worker's window is one claimed effect, gateway.dispatcher._Window).
+GATEWAY_DRAINERS = env_int("GATEWAY_DRAINERS", 1)
 # Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
 GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
 GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)

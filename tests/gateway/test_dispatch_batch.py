@@ -492,11 +492,27 @@ def test_while_the_flag_stands_submissions_wake_nobody(queue):
     task = FakeTask(queue)
     for index in range(5):
         dispatcher.announce_due(task, f"eff_{index}")
-    assert wake_ups(queue) == [b"eff_0"]
+    assert wake_ups(queue) == [b"due"]
     dispatcher.DueFlag(queue).clear()  # a drainer ran out of work
     dispatcher.announce_due(task, "eff_next")
-    assert wake_ups(queue) == [b"eff_0", b"eff_next"]
+    assert wake_ups(queue) == [b"due", b"due"]
     assert task.ran == 0  # no broker message: the drainer threads pop the list
+
+
+def test_a_redis_that_lost_its_scripts_still_gets_the_announce(queue):
+    dispatcher._redis().script_flush()  # as after a restart
+    assert dispatcher.DueFlag(queue).announce("after flush")
+    assert wake_ups(queue) == [b"after flush"]
+
+
+def test_a_connection_cut_under_the_flag_is_replaced(queue):
+    """The thread's own connection to Redis broke (Redis restarted, a proxy timed it out):
+    the next command reconnects instead of failing a submission."""
+    flag = dispatcher.DueFlag(queue)
+    client_id = dispatcher._run(flag._command("CLIENT", "ID"))  # this thread's connection
+    dispatcher._redis().client_kill_filter(_id=client_id)
+    assert flag.announce("after the cut")
+    assert wake_ups(queue) == [b"after the cut"]
 
 
 def test_the_flag_and_its_wake_up_expire(queue, settings):
