@@ -682,8 +682,17 @@ class Drainers:
                 drain(flag=self.flag, stopping=self.stopping)
             except Exception:
                 # Its claims stay DISPATCHING under their leases; the reconciler asks the
-                # provider. The flag expires, or the next clear of another drainer lowers it.
+                # provider. Submissions that found the flag count on a claim of this drain:
+                # after a pause (the database may be down: no hot loop), hand it over.
                 logger.exception("drain failed")
+                self.stopping.wait(self.WAIT_SECONDS)
+                try:
+                    self.flag.clear()
+                    self.flag.announce("after a failed drain")
+                except Exception:
+                    logger.warning(
+                        "could not hand the drain over; the sweeper sends", exc_info=True
+                    )
             finally:
                 close_old_connections()
 

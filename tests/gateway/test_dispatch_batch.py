@@ -671,3 +671,30 @@ def test_with_the_fast_path_off_a_drain_sends_each_due_effect_the_general_way(
     assert not [q for q in statements.captured_queries if "WITH due AS" in q["sql"]]
     assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
     assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
+
+
+def test_a_drain_that_fails_hands_its_flag_over(queue, monkeypatch):
+    """A drain that raised (the database went away mid-drain) may have left the flag
+    standing for submissions that count on its next claim: after a pause, its thread clears
+    the flag and announces again, so the next drain claims them without the sweeper."""
+    import threading
+
+    calls: list[str] = []
+    twice = threading.Event()
+
+    def failing_then_fine(*, flag, stopping) -> int:
+        calls.append(flag.key)
+        if len(calls) == 1:
+            flag.hold()  # as a drain that found work does
+            raise RuntimeError("the database went away")
+        twice.set()
+        return 0
+
+    monkeypatch.setattr(dispatcher, "drain", failing_then_fine)
+    drainers = dispatcher.Drainers(queue, 1).start()
+    try:
+        assert dispatcher.DueFlag(queue).announce("first")
+        assert twice.wait(10), calls
+    finally:
+        drainers.stop(timeout=5)
+    assert wake_ups(queue) == []  # the hand-over's wake-up was popped by the same thread
