@@ -173,7 +173,7 @@ class Command(BaseCommand):
             "--effects",
             type=int,
             default=0,
-            help="effects per pass (default: 50 × c, ≥ 400; --quick: 4 × c, ≥ 16)",
+            help="effects per pass (default: 50 × c, ≥ 1000; --quick: 4 × c, ≥ 16)",
         )
         parser.add_argument("--quick", action="store_true", help="one round, small passes")
         parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
@@ -240,7 +240,9 @@ class Command(BaseCommand):
             for c in levels:
                 # A pass of a second or less measures the ramp (a worker's window opens one
                 # effect at a time, pools warm up) and the last effect's tail, not the rate.
-                n = options["effects"] or (max(16, 4 * c) if options["quick"] else max(400, 50 * c))
+                n = options["effects"] or (
+                    max(16, 4 * c) if options["quick"] else max(1000, 50 * c)
+                )
                 for r in range(rounds):
                     self._vacuum()
                     floor = self._floor_pass(c, n, f"floor:{run}:{c}:{r}")
