@@ -19,8 +19,8 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
   effect disagrees with its command (the saga is frozen).
 - ``dispatch_sender``: the one task that hands an effect to a worker (``gateway.tasks``
   imports the services, which sit above the ledger, so ``GatewayConfig.ready`` binds it).
-- ``due_sender``: tells the workers that dispatch work is due, coalesced: most calls publish
-  nothing while a drainer is on its way (``gateway.dispatcher.announce_due``, bound by
+- ``due_sender``: tells the workers that dispatch work is due, coalesced: most calls wake
+  nobody while a drainer is on its way (``gateway.dispatcher.announce_due``, bound by
   ``GatewayConfig.ready``). Submissions use it instead of a message per effect.
 """
 
