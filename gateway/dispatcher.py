@@ -161,6 +161,13 @@ def _run(packed: list[bytes], retry: bool = True) -> Any:
         if not retry:
             raise
         return _run(packed, retry=False)
+    except redis.ResponseError:
+        raise  # an error reply, read in full: the connection is still in step
+    except BaseException:
+        # Anything else may leave a reply unread on the socket, to be read later as the
+        # answer to another command: start the next one on a new connection.
+        connection.disconnect()
+        raise
 
 
 class DueFlag:
@@ -222,8 +229,9 @@ class DueFlag:
 
 
 def announce_due(task: Any, effect_id: str = "") -> None:
-    """Tell the workers that dispatch work is due (``hooks.due_sender``; ``effect_id`` is the
-    effect that prompted it, for the log only). Wakes a drainer only if none is on its way;
+    """Tell the workers that dispatch work is due (``hooks.due_sender``, which passes the
+    effect that prompted it: unused, the wake-up names no effect, so its command is packed
+    once). Wakes a drainer only if none is on its way;
     raises if the broker is down (``ledger.publish`` logs it: the sweeper sends later). In
     eager mode (tests, in process) ``task`` drains now."""
     conf = task.app.conf
@@ -709,7 +717,7 @@ def start_drainers(queue: str) -> Drainers | None:
         return None
     if _drainers is None or _drainers[0] != os.getpid():
         _drainers = (os.getpid(), Drainers(queue, count).start())
-        logger.info("drainers started", extra={"queue": queue, "count": count})
+        logger.info("drainers started", extra={"queue": queue, "count": count, "pid": os.getpid()})
     return _drainers[1]
 
 

@@ -114,17 +114,21 @@ def test_a_restarted_worker_drains_what_a_killed_drainer_left(sandbox, agent, qu
     rest = [effect_id for effect_id in ids if effect_id != stranded]
     second = Celery("worker", queue, tmp_path / "worker2.log", pool="solo", **env)
     try:
-        wait_until(
-            lambda: Effect.objects.filter(pk__in=rest, status="CONFIRMED").count() == len(rest),
-            timeout=60,
-            what="the rest confirmed",
-        )
+        wait_confirmed(rest, what="the rest confirmed", timeout=60)
     finally:
         second.stop()
     assert Effect.objects.get(pk=stranded).status == "DISPATCHING"  # its lease, then a lookup
     ops = Counter(op["idempotency_key"] for op in sandbox.operations())
     keys = dict(Effect.objects.filter(pk__in=rest).values_list("pk", "command__provider_key"))
     assert ops == Counter({keys[effect_id]: 1 for effect_id in rest})
+
+
+def wait_confirmed(ids: list[str], *, what: str, timeout: float) -> None:
+    wait_until(
+        lambda: Effect.objects.filter(pk__in=ids, status="CONFIRMED").count() == len(ids),
+        timeout=timeout,
+        what=what,
+    )
 
 
 def celery_messages(queue: str) -> int:
@@ -145,11 +149,7 @@ def test_a_submission_reaches_a_drainer_thread_without_a_broker_message(
         wait_until(lambda: "ready." in worker.output(), timeout=60, what="the worker ready")
         ids = [submit(agent, ticket(f"t{i}"), f"t{i}") for i in range(4)]
         assert celery_messages(queue) == 0
-        wait_until(
-            lambda: Effect.objects.filter(pk__in=ids, status="CONFIRMED").count() == len(ids),
-            timeout=30,
-            what="the effects confirmed",
-        )
+        wait_confirmed(ids, what="the effects confirmed", timeout=30)
     finally:
         worker.stop()
     assert "Task gateway.tasks.dispatch_due[" not in worker.output()

@@ -358,14 +358,18 @@ class ChunkedServer(IdleClosingServer):
         return True
 
 
-def test_a_chunked_answer_is_read_in_full_and_the_connection_kept(fresh_client):
-    server = ChunkedServer(idle=5, reset=False)
+def two_calls(server: IdleClosingServer):
+    """Two requests (keys k1, k2) through one adapter to ``server``, stopped after them."""
     adapter = provider_http.HttpProviderAdapter(server.url)
     try:
-        first = adapter.execute(request("k1"))
-        second = adapter.execute(request("k2"))
+        return adapter.execute(request("k1")), adapter.execute(request("k2"))
     finally:
         server.stop()
+
+
+def test_a_chunked_answer_is_read_in_full_and_the_connection_kept(fresh_client):
+    server = ChunkedServer(idle=5, reset=False)
+    first, second = two_calls(server)
     assert (first.outcome, second.outcome) == (Outcome.CONFIRMED, Outcome.CONFIRMED)
     assert (first.operation.id, second.operation.id) == ("op_1", "op_2")
     assert server.connections == 1
@@ -387,12 +391,7 @@ class ClosingServer(IdleClosingServer):
 
 def test_an_answer_that_says_connection_close_is_not_reused(fresh_client):
     server = ClosingServer(idle=5, reset=False)
-    adapter = provider_http.HttpProviderAdapter(server.url)
-    try:
-        first = adapter.execute(request("k1"))
-        second = adapter.execute(request("k2"))
-    finally:
-        server.stop()
+    first, second = two_calls(server)
     assert (first.outcome, second.outcome) == (Outcome.CONFIRMED, Outcome.CONFIRMED)
     assert server.connections == 2
 
