@@ -1,16 +1,19 @@
 """``manage.py bench``: the product against a raw PostgreSQL floor, side by side, in one run.
 
-For each concurrency (1, 8, 32 by default) and each round, two passes run one after the other
+For each concurrency (1, 8, 32 by default) and each round, three passes run one after the other
 against the same loopback sandbox provider (SPEC §6, in this process):
 
 - **the floor**: raw psycopg on a small connection pool, per effect ``INSERT … ON CONFLICT``
-  → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost;
+  → ``POST /operations`` → ``UPDATE``: the least any ledger-before-call design can cost. It
+  runs twice: with httpx to the provider (the issue's floor, the reference of its targets) and
+  with the standard library's client, as the product's adapter (the strict floor; skipped with
+  ``--no-strict-floor``; gateway.lib.benchfloor says why both);
 - **the product**: the real HTTP API served by gunicorn, real Celery workers (a thread pool, with
   the beat embedded, so the sweeper and the audit sequencer run) on PostgreSQL + Redis, from
   ``POST /api/v1/commands`` to CONFIRMED in the ledger, submitted by a client process of its
   own (gateway.lib.benchclient), as the floor runs in its own.
 
-Printed per concurrency (medians of the rounds): effects/s of both and their ratio, submit and
+Printed per concurrency (medians of the rounds): effects/s of each and the ratios, submit and
 end-to-end p50/p99, CPU ms per effect per process group read from ``/proc`` (web = gunicorn,
 worker = Celery, pg = the PostgreSQL backends serving them), commits per effect (from
 ``pg_stat_database``), duplicates (the sandbox's operation log against the ledger), the audit
@@ -47,6 +50,7 @@ from django.db import connection
 from django.utils import timezone
 
 from gateway.choices import SETTLED, EffectStatus
+from gateway.lib import benchclient
 from gateway.models import Effect, EffectEvent
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
@@ -72,10 +76,6 @@ def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
     return ordered[index]
-
-
-def _headers(token: str, key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Idempotency-Key": key}
 
 
 def _run_process(module: str, arguments: dict, what: str) -> dict:
@@ -191,6 +191,12 @@ class Command(BaseCommand):
         # threads: the deployment advice (docs/operations.md): no pipe to a child per task.
         parser.add_argument("--worker-pool", default="threads", choices=["prefork", "threads"])
         parser.add_argument("--floor-pool", type=int, default=4)
+        parser.add_argument(
+            "--no-strict-floor",
+            action="store_true",
+            help="run only the issue's floor (httpx to the provider), not also the strict one "
+            "(the standard library's client, as the product's adapter uses)",
+        )
         parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
         parser.add_argument("--timeout", type=float, default=180)
         parser.add_argument(
@@ -225,7 +231,11 @@ class Command(BaseCommand):
             f"dbname={db['NAME']} user={db['USER']}"
             + (f" password={db['PASSWORD']}" if db.get("PASSWORD") else "")
         )
-        self.floor_args = {"dsn": dsn, "pool_size": options["floor_pool"], "url": urls["tickets"]}
+        self.floor_args = {
+            "dsn": dsn,
+            "pool_size": options["floor_pool"],
+            "url": urls["tickets"],
+        }
         ports = [
             base_port + node if base_port else free_port() for node in range(options["web_nodes"])
         ]
@@ -245,10 +255,14 @@ class Command(BaseCommand):
                 )
                 for r in range(rounds):
                     self._vacuum()
-                    floor = self._floor_pass(c, n, f"floor:{run}:{c}:{r}")
+                    floor = self._floor_pass(c, n, f"floor:{run}:{c}:{r}", client="httpx")
+                    strict = None
+                    if not options["no_strict_floor"]:
+                        strict = self._floor_pass(c, n, f"strict:{run}:{c}:{r}", client="stdlib")
                     product = self._product_pass(c, n, tokens, f"bench:{run}:{c}:{r}")
-                    results.setdefault(c, []).append({"floor": floor, "product": product})
-                    self._line(c, r, floor, product)
+                    row = {"floor": floor, "strict": strict, "product": product}
+                    results.setdefault(c, []).append(row)
+                    self._line(c, r, row)
             first = results[levels[0]][0]["product"]["n"]
             replay = self._replay(tokens, f"bench:{run}:{levels[0]}:0", min(25, first))
             self._summary(results, replay)
@@ -343,7 +357,7 @@ class Command(BaseCommand):
     def _warm(self, token: str) -> None:
         """A few effects first: imports, connections and pools are not what is measured."""
         self._product_pass(2, 6, [token], f"warm:{self.run_id}", quiet=True)
-        self._floor_pass(2, 6, f"floorwarm:{self.run_id}")
+        self._floor_pass(2, 6, f"floorwarm:{self.run_id}", client="httpx")
 
     # -- what is measured ------------------------------------------------------------------
 
@@ -358,7 +372,8 @@ class Command(BaseCommand):
             "web": [p for child in self.groups["web"] for p in _descendants(child.pid)],
             "worker": [p for child in self.groups["worker"] for p in _descendants(child.pid)],
             "pg": backends,
-            "client": [os.getpid()],
+            # This process: the sandbox provider's threads, and the ledger polled for the end.
+            "bench": [os.getpid()],
         }
 
     def _vacuum(self) -> None:
@@ -376,10 +391,18 @@ class Command(BaseCommand):
             )
             return int(cursor.fetchone()[0])
 
-    def _floor_pass(self, c: int, n: int, prefix: str) -> dict:
+    def _floor_pass(self, c: int, n: int, prefix: str, *, client: str) -> dict:
+        """One floor pass; ``client`` is its HTTP client for the provider call (module doc)."""
         load = os.getloadavg()[0]
-        arguments = {**self.floor_args, "concurrency": c, "count": n, "prefix": prefix}
+        arguments = {
+            **self.floor_args, "concurrency": c, "count": n, "prefix": prefix, "client": client,
+        }  # fmt: skip
+        before = os.times()
         result = _run_process("gateway.lib.benchfloor", arguments, "the floor")
+        after = os.times()
+        # This process's threads: the sandbox provider answering the floor (and its warm-up).
+        spent = (after.user + after.system) - (before.user + before.system)
+        result["cpu"]["bench"] = spent * 1000 / n
         result["load"] = max(load, os.getloadavg()[0])
         result["dups"] = self._duplicates(prefix, n)
         return result
@@ -426,7 +449,10 @@ class Command(BaseCommand):
             "rate": len(confirmed) / elapsed,
             "submit": submit,
             "e2e": [(done - created).total_seconds() for created, done in confirmed],
-            "cpu": {name: seconds * 1000 / n for name, seconds in cpu.items()},
+            "cpu": {
+                **{name: seconds * 1000 / n for name, seconds in cpu.items()},
+                "client": client["cpu"] * 1000,
+            },
             "commits": commits / n,
             "load": max(load, os.getloadavg()[0]),
             "dups": self._duplicates(prefix, n, ids=ids),
@@ -467,19 +493,21 @@ class Command(BaseCommand):
         """``count`` replays at c=1, over the first ``keys`` keys of a pass, after a few that
         are not timed (25 samples made the p50 swing 2-4 ms between runs of the same code)."""
         latencies = []
-        with httpx.Client(timeout=30) as client:
+        conn = benchclient.Connection(self.base)  # the load generator's client (its doc)
+        try:
             for attempt in range(count + 5):
                 index = attempt % keys
+                body = {**BODY, "payload": {"title": f"bench {index}", "priority": "P4"}}
                 t0 = time.perf_counter()
-                response = client.post(
-                    f"{self.base}/api/v1/commands",
-                    headers=_headers(tokens[index % len(tokens)], f"{prefix}:{index}"),
-                    json={**BODY, "payload": {"title": f"bench {index}", "priority": "P4"}},
+                status, _ = benchclient.submit(
+                    conn, tokens[index % len(tokens)], f"{prefix}:{index}", body
                 )
                 if attempt >= 5:
                     latencies.append(time.perf_counter() - t0)
-                if response.status_code != 200:
-                    raise CommandError(f"replay answered {response.status_code}, not 200")
+                if status != 200:
+                    raise CommandError(f"replay answered {status}, not 200")
+        finally:
+            conn.close()
         return latencies
 
     def _round_trips(self, token: str, run: str) -> None:
@@ -545,30 +573,47 @@ class Command(BaseCommand):
             f"bench {run}: c={levels}, {rounds} round(s); {o['web_nodes']} {o['web_server']} × "
             f"{o['web_workers']}×{o['web_threads']} threads, "
             f"{o['worker_processes']} Celery worker(s) ×"
-            f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, tenants "
-            f"{o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+            f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, "
+            f"tenants {o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
         )
 
-    def _line(self, c: int, r: int, floor: dict, product: dict) -> None:
-        ratio = product["rate"] / floor["rate"] if floor["rate"] else float("nan")
+    def _line(self, c: int, r: int, row: dict) -> None:
+        floor, strict, product = row["floor"], row["strict"], row["product"]
         cpu = product["cpu"]
+        strict_part = ""
+        if strict is not None:
+            strict_part = (
+                f"  strict floor {strict['rate']:6.1f}/s ratio "
+                f"{product['rate'] / strict['rate']:.3f}"
+            )
         self.stdout.write(
-            f"  c={c:<3} round {r + 1}: floor {floor['rate']:7.1f}/s  product "
+            f"  c={c:<3} round {r + 1}: floor {floor['rate']:6.1f}/s  product "
             f"{product['rate']:6.1f}/s ({product['ok']}/{product['n']}, "
-            f"wrong {len(product['wrong'])})  ratio {ratio:.3f}  e2e p50 "
-            f"{percentile(product['e2e'], 50) * 1000:.0f} ms  CPU ms/effect web "
-            f"{cpu['web']:.1f} worker {cpu['worker']:.1f} pg {cpu['pg']:.1f}  dups "
-            f"{floor['dups']}/{product['dups']}  load {product['load']:.2f}"
+            f"wrong {len(product['wrong'])})  ratio {product['rate'] / floor['rate']:.3f}"
+            f"{strict_part}  e2e p50 {percentile(product['e2e'], 50) * 1000:.0f} ms"
         )
+        line = (
+            f"      CPU ms/effect: product web {cpu['web']:.1f} worker {cpu['worker']:.1f} pg "
+            f"{cpu['pg']:.1f}, its client {cpu['client']:.1f}, sandbox+poll {cpu['bench']:.1f};"
+            f" floor pg {floor['cpu']['pg']:.1f} own {floor['cpu']['client']:.1f} sandbox "
+            f"{floor['cpu']['bench']:.1f}"
+        )
+        if strict is not None:
+            line += (
+                f"; strict pg {strict['cpu']['pg']:.1f} own {strict['cpu']['client']:.1f} "
+                f"sandbox {strict['cpu']['bench']:.1f}"
+            )
+        dups = [floor["dups"], *([strict["dups"]] if strict else []), product["dups"]]
+        self.stdout.write(f"{line}; dups {'/'.join(map(str, dups))}; load {product['load']:.2f}")
 
     def _summary(self, results: dict[int, list[dict]], replay: list[float]) -> None:
         self.stdout.write("")
         self.stdout.write(
-            "| c | floor/s | product/s | ratio | submit p50/p99 ms | e2e p50/p99 ms | "
-            "CPU ms/effect web+worker+pg (floor pg+client) | commits/effect | seal lag "
-            "p50/p99 ms | dups | load |"
+            "| c | floor/s | product/s | ratio | strict floor/s | ratio | submit p50/p99 ms | "
+            "e2e p50/p99 ms | CPU ms/effect web+worker+pg (floor pg+own) | commits/effect | "
+            "seal lag p50/p99 ms | dups | load |"
         )
-        self.stdout.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        self.stdout.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c, rows in results.items():
             floors = [row["floor"] for row in rows]
             products = [row["product"] for row in rows]
@@ -578,6 +623,11 @@ class Command(BaseCommand):
             # the floor swings with the machine (755-1165/s within one run), and a ratio of
             # the two medians would set a product pass against another round's floor.
             ratio = median([p["rate"] / f["rate"] for f, p in zip(floors, products, strict=True)])
+            stricts = [row["strict"] for row in rows if row["strict"] is not None]
+            strict_rate = median([f["rate"] for f in stricts])
+            strict_ratio = median(
+                [row["product"]["rate"] / row["strict"]["rate"] for row in rows if row["strict"]]
+            )
             submit = [x for p in products for x in p["submit"]]
             e2e = [x for p in products for x in p["e2e"]]
             seal = [x for p in products for x in p["seal"]]
@@ -586,9 +636,10 @@ class Command(BaseCommand):
             pg = median([p["cpu"]["pg"] for p in products])
             fpg = median([f["cpu"]["pg"] for f in floors])
             fclient = median([f["cpu"]["client"] for f in floors])
-            dups = sum(f["dups"] for f in floors), sum(p["dups"] for p in products)
+            dups = sum(f["dups"] for f in floors + stricts), sum(p["dups"] for p in products)
             self.stdout.write(
-                f"| {c} | {floor_rate:.0f} | {rate:.1f} | {ratio:.3f} | "
+                f"| {c} | {floor_rate:.0f} | {rate:.1f} | {ratio:.3f} | {strict_rate:.0f} | "
+                f"{strict_ratio:.3f} | "
                 f"{percentile(submit, 50) * 1000:.0f} / {percentile(submit, 99) * 1000:.0f} | "
                 f"{percentile(e2e, 50) * 1000:.0f} / {percentile(e2e, 99) * 1000:.0f} | "
                 f"{web:.1f}+{worker:.1f}+{pg:.1f} = {web + worker + pg:.1f} "

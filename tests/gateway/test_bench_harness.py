@@ -1,0 +1,103 @@
+"""The benchmark's own parts (gateway.lib.benchclient, gateway.lib.benchfloor): a floor that
+executed an effect twice, or a client that lost submissions, would make the figures lie."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+import pytest
+from django.conf import settings
+
+from gateway.lib import benchclient, benchfloor
+
+
+def _dsn() -> str:
+    db = settings.DATABASES["default"]
+    parts = {
+        "host": db["HOST"] or "127.0.0.1",
+        "port": db["PORT"] or 5432,
+        "dbname": db["NAME"],
+        "user": db["USER"],
+        "password": db.get("PASSWORD"),
+    }
+    return " ".join(f"{name}={value}" for name, value in parts.items() if value)
+
+
+@pytest.mark.parametrize("client", ["stdlib", "httpx"])
+def test_the_floor_executes_every_effect_once_and_records_it(
+    client, sandbox_server, transactional_db
+):
+    prefix = f"floor-test:{uuid.uuid4().hex[:8]}"
+    result = benchfloor.run(
+        dsn=_dsn(),
+        pool_size=2,
+        url=sandbox_server.base_url("tickets"),
+        concurrency=3,
+        count=12,
+        prefix=prefix,
+        client=client,
+    )
+    try:
+        executed = [
+            op["idempotency_key"]
+            for op in sandbox_server.provider.operations(provider="tickets")
+            if op["idempotency_key"].startswith(prefix + ":")
+            and ":warm:" not in op["idempotency_key"]
+        ]
+        with psycopg.connect(_dsn(), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT key, status, operation_id FROM bench_floor WHERE key LIKE %s "
+                "AND key NOT LIKE %s",
+                (prefix + ":%", prefix + ":warm:%"),
+            ).fetchall()
+    finally:
+        with psycopg.connect(_dsn(), autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS bench_floor")
+    assert result["n"] == 12 and result["rate"] > 0
+    assert sorted(executed) == sorted(f"{prefix}:{i}" for i in range(12))  # once each
+    assert {status for _, status, _ in rows} == {"CONFIRMED"}
+    assert len(rows) == 12 and all(op for _, _, op in rows)
+
+
+class _ClosingHandler(BaseHTTPRequestHandler):
+    """Answers as HTTP/1.1 (so the client keeps the connection) and then closes it anyway,
+    as a server does with a kept-alive connection it timed out."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def do_POST(self):
+        length = int(self.headers["Content-Length"])
+        self.seen.append(json.loads(self.rfile.read(length))["n"])
+        body = json.dumps({"effect_id": f"eff_{len(self.seen)}"}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True  # without saying so in a header
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_client_sends_again_on_a_connection_the_server_closed():
+    _ClosingHandler.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ClosingHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+    try:
+        answers = [
+            conn.request("POST", "/api/v1/commands", json.dumps({"n": n}).encode(), {})
+            for n in range(3)
+        ]
+    finally:
+        conn.close()
+        server.shutdown()
+        server.server_close()
+    assert [status for status, _ in answers] == [201, 201, 201]
+    assert _ClosingHandler.seen == [0, 1, 2]  # each request reached the server once
