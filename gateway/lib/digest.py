@@ -23,17 +23,18 @@ _encode = json.JSONEncoder(
 def _plain(value: Any) -> bool:
     """True when the standard library's JSON encoder writes ``value`` exactly as RFC 8785
     does: strings (both escape the quote, the backslash and the control characters alike,
-    and write the rest as UTF-8), integers within 2^53, booleans, null, lists, and objects
+    and write the rest as UTF-8), string enums too (both write the string they are: a
+    receipt's ``source`` is one), integers within 2^53, booleans, null, lists, and objects
     whose keys are ASCII (so that sorting by code point is sorting by UTF-16 code unit).
-    Floats, other keys and subclasses (enums) take rfc8785's way."""
+    Floats, other keys and other subclasses (integer enums) take rfc8785's way."""
     kind = type(value)
-    if kind is str or value is None or kind is bool:
+    if isinstance(value, str) or value is None or kind is bool:
         return True
     if kind is int:
         return -_EXACT < value < _EXACT
     if kind is dict:
         return all(
-            type(key) is str and key.isascii() and _plain(item) for key, item in value.items()
+            isinstance(key, str) and key.isascii() and _plain(item) for key, item in value.items()
         )
     if kind is list:
         return all(_plain(item) for item in value)

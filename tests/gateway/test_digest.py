@@ -8,7 +8,8 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.lib.digest import canonical_json, payload_digest
+from gateway.lib.digest import _plain, canonical_json, payload_digest
+from gateway.models import Receipt
 
 
 def test_rfc8785_example_from_the_rfc():
@@ -78,6 +79,19 @@ def test_the_fast_encoder_writes_what_rfc8785_writes(value):
             canonical_json(value)
         return
     assert canonical_json(value) == expected
+
+
+def test_string_enums_are_written_as_the_strings_they_are():
+    """A receipt's fields hold Django choices (str subclasses): the fast encoder takes them,
+    with rfc8785's bytes, and a key that is one sorts as its string."""
+    value = {
+        "source": Receipt.Source.DISPATCH,
+        Receipt.Source.RECONCILER: [Receipt.Source.DISPATCH, 'quote " and \u0007'],
+        "Z": 1,
+    }
+    assert _plain(value)
+    assert canonical_json(value) == rfc8785.dumps(value)
+    assert canonical_json(value) == rfc8785.dumps(json.loads(json.dumps(value)))
 
 
 def test_the_fast_encoder_escapes_controls_as_rfc8785_does():
