@@ -409,6 +409,58 @@ def test_a_rate_log_written_before_the_compact_one_still_counts(agent):
         cache.clear()
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_rate_is_a_burst_of_n_then_one_per_period_over_n(agent, monkeypatch):
+    """GCRA (gateway.api.auth.TokenRateThrottle): 3/min lets 3 in at once, then one every
+    20 s, and says in Retry-After how long until the next; the state is one number."""
+    from types import SimpleNamespace
+
+    from django.core.cache import cache
+    from rest_framework.throttling import SimpleRateThrottle
+
+    from gateway.api.auth import TokenRateThrottle
+
+    cache.clear()
+    monkeypatch.setattr(
+        SimpleRateThrottle,
+        "THROTTLE_RATES",
+        {**SimpleRateThrottle.THROTTLE_RATES, "token": "3/min"},
+    )
+    clock = _Clock()
+    monkeypatch.setattr(TokenRateThrottle, "timer", clock)
+    token = ApiToken.objects.get(principal=agent.principal)
+    request = SimpleNamespace(auth=token, user=None)
+
+    def ask() -> tuple[bool, float | None]:
+        throttle = TokenRateThrottle()
+        allowed = throttle.allow_request(request, None)
+        return allowed, None if allowed else throttle.wait()
+
+    try:
+        assert [ask()[0] for _ in range(3)] == [True, True, True]
+        allowed, wait = ask()
+        assert not allowed and wait == pytest.approx(20)
+        clock.now += 19
+        allowed, wait = ask()
+        assert not allowed and wait == pytest.approx(1)
+        clock.now += 1
+        assert ask() == (True, None)
+        assert not ask()[0]  # one per 20 s from here
+        clock.now += 60  # at rest again: a whole burst
+        assert [ask()[0] for _ in range(4)] == [True, True, True, False]
+        key = TokenRateThrottle.tat_format % {"scope": "token", "ident": f"token:{token.pk}"}
+        assert isinstance(cache.get(key), float)
+    finally:
+        cache.clear()
+
+
 def test_security_headers(agent):
     response = agent.client.get("/api/v1/effects")
     assert response.headers["X-Content-Type-Options"] == "nosniff"
