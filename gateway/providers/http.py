@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from django.conf import settings
 
 from gateway.choices import Outcome
+from gateway.lib import jsonin
 from gateway.providers.base import (
     CallResult,
     ExecuteRequest,
@@ -62,11 +63,18 @@ class ProviderResponse:
     content: bytes
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        """The body, read by the gateway's strict reader (gateway.lib.jsonin): a value the
+        ledger could not store (``\\u0000``, NaN, a lone surrogate) or digest (an integer
+        past 2^53) is a ValueError here, so the answer counts as one that is not an operation
+        (UNKNOWN: asked again by the reconciler, then a human), instead of an error in the
+        statement that records it, which would fail every effect of that drain with it."""
+        return jsonin.loads(self.content)
 
     @property
     def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
+        """The body as text for an attempt's error: undecodable bytes and NUL (which
+        PostgreSQL's text refuses) replaced by U+FFFD."""
+        return self.content.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 class PoolTimeout(Exception):
