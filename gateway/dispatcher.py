@@ -70,6 +70,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -631,6 +632,50 @@ class _Drainer:
 # --- the drainer threads ----------------------------------------------------------------------
 
 
+class _FailureStreak:
+    """Failures in a row of one drainer thread (a drain that raised, a wake-up wait that
+    failed): the pause before the next try doubles from 1 s up to ``MAX_PAUSE``, and the log
+    has the first failure's traceback, then a line a minute while it lasts, then one when it
+    ends. With PostgreSQL or Redis down for ten minutes a drainer used to log a traceback a
+    second (600 per thread), which buried whatever else the log had to say."""
+
+    MAX_PAUSE = 8.0
+    REMIND_EVERY = 60.0
+
+    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.what = what
+        self.clock = clock
+        self.count = 0
+        self.since = self.reminded = 0.0
+
+    def failed(self) -> float:
+        """Count a failure (call it in the ``except``) and return the pause before the next
+        try."""
+        now = self.clock()
+        self.count += 1
+        if self.count == 1:
+            self.since = self.reminded = now
+            logger.exception("%s failed; retrying with a growing pause", self.what)
+        elif now - self.reminded >= self.REMIND_EVERY:
+            self.reminded = now
+            logger.warning(
+                "%s still failing",
+                self.what,
+                extra={"failures": self.count, "seconds": round(now - self.since)},
+                exc_info=True,
+            )
+        return min(self.MAX_PAUSE, 2.0 ** (self.count - 1))
+
+    def succeeded(self) -> None:
+        if self.count:
+            logger.warning(
+                "%s works again",
+                self.what,
+                extra={"failures": self.count, "seconds": round(self.clock() - self.since)},
+            )
+            self.count = 0
+
+
 class Drainers:
     """The threads of a worker process that answer wake-ups: each waits on the queue's wake-up
     list (``BLPOP``, a Redis connection of its own) and drains (``drain``) when it pops one.
@@ -671,13 +716,14 @@ class Drainers:
         client = redis.Redis.from_url(
             _redis_url(), socket_timeout=self.WAIT_SECONDS + 5, socket_connect_timeout=2
         )
+        waits, drains = _FailureStreak("waiting for wake-ups"), _FailureStreak("a drain")
         while not self.stopping.is_set():
             try:
                 woken = self.flag.wait(client, self.WAIT_SECONDS)
             except redis.RedisError:
-                logger.warning("cannot wait for wake-ups; retrying", exc_info=True)
-                self.stopping.wait(self.WAIT_SECONDS)
+                self.stopping.wait(waits.failed())
                 continue
+            waits.succeeded()
             if not woken:
                 # Idle for a while: give the database connection back (a worker's drainers
                 # would otherwise hold one each for CONN_MAX_AGE, busy or not).
@@ -688,12 +734,12 @@ class Drainers:
             close_old_connections()
             try:
                 drain(flag=self.flag, stopping=self.stopping)
+                drains.succeeded()
             except Exception:
                 # Its claims stay DISPATCHING under their leases; the reconciler asks the
                 # provider. Submissions that found the flag count on a claim of this drain:
                 # after a pause (the database may be down: no hot loop), hand it over.
-                logger.exception("drain failed")
-                self.stopping.wait(self.WAIT_SECONDS)
+                self.stopping.wait(drains.failed())
                 try:
                     self.flag.clear()
                     self.flag.announce("after a failed drain")

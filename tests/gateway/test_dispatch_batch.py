@@ -707,3 +707,28 @@ def test_a_drain_that_fails_hands_its_flag_over(queue, monkeypatch):
     finally:
         drainers.stop(timeout=5)
     assert wake_ups(queue) == []  # the hand-over's wake-up was popped by the same thread
+
+
+def test_a_streak_of_failures_backs_off_and_logs_a_line_a_minute(caplog):
+    """PostgreSQL down for ten minutes: the drainer's pause doubles to 8 s, and the log has
+    the first traceback, a reminder a minute, and the end of the streak, not 600 tracebacks."""
+    import logging
+
+    now = [1000.0]
+    streak = dispatcher._FailureStreak("a drain", clock=lambda: now[0])
+    pauses = []
+    with caplog.at_level(logging.INFO, logger="gateway.dispatcher"):
+        for _ in range(120):  # ten minutes of failures, 5 s apart
+            try:
+                raise ConnectionError("the database is down")
+            except ConnectionError:
+                pauses.append(streak.failed())
+            now[0] += 5
+        streak.succeeded()
+        streak.succeeded()  # nothing to say the second time
+    assert pauses[:5] == [1, 2, 4, 8, 8] and set(pauses[3:]) == {8}
+    lines = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert lines[0] == ("a drain failed; retrying with a growing pause", True)
+    assert [line for line, _ in lines[1:-1]] == ["a drain still failing"] * 9
+    assert lines[-1] == ("a drain works again", False)
+    assert caplog.records[-1].failures == 120 and caplog.records[-1].seconds == 600
