@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -96,7 +96,24 @@ def _seal_key() -> bytes:
 # --- receipts ---------------------------------------------------------------------------------
 
 
-def _receipt_body(receipt: Receipt) -> dict[str, Any]:
+class ReceiptFields(NamedTuple):
+    """A receipt's sealed fields, named as on the model: what ``receipt_seal`` reads, for a
+    statement that writes the row itself (gateway.fastpath_batch) and has no model to build
+    (a model's keyword constructor cost the drainer a twentieth of its CPU per effect)."""
+
+    effect_id: str
+    attempt_id: int | None
+    source: str
+    provider: str
+    provider_operation_id: str
+    provider_status: str
+    payload_digest: str
+    digest_matches: bool
+    result_digest: str
+    received_at: datetime
+
+
+def _receipt_body(receipt: Receipt | ReceiptFields) -> dict[str, Any]:
     return {
         "effect": receipt.effect_id,
         "attempt": receipt.attempt_id,
@@ -111,7 +128,7 @@ def _receipt_body(receipt: Receipt) -> dict[str, Any]:
     }
 
 
-def receipt_seal(receipt: Receipt) -> str:
+def receipt_seal(receipt: Receipt | ReceiptFields) -> str:
     """HMAC over a receipt's fields (set before it is inserted)."""
     return hmac.new(_seal_key(), canonical_json(_receipt_body(receipt)), "sha256").hexdigest()
 

@@ -34,7 +34,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from gateway.checkpoints import receipt_seal
+from gateway.checkpoints import ReceiptFields, receipt_seal
 from gateway.choices import OUTCOME_STATUS
 from gateway.fastpath import (
     CLAIM_RETURNING,
@@ -278,7 +278,7 @@ def _seal(
 ) -> str:
     """The seal the general path gives a receipt (gateway.checkpoints), over the fields the
     statement above writes."""
-    receipt = Receipt(
+    receipt = ReceiptFields(
         effect_id=claim.effect_id,
         attempt_id=claim.attempt_id,
         source=Receipt.Source.DISPATCH,

@@ -18,7 +18,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -650,7 +650,14 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
     )
 
 
-def outcome_fields(effect: Effect, result: CallResult, *, now) -> dict[str, Any]:
+class _Counts(NamedTuple):
+    """The two counts of an effect that ``outcome_fields`` reads."""
+
+    attempt_count: int
+    check_count: int
+
+
+def outcome_fields(effect: Effect | _Counts, result: CallResult, *, now) -> dict[str, Any]:
     """Bookkeeping that goes with the status an outcome leads to."""
     status = OUTCOME_STATUS[result.outcome]
     fields: dict[str, Any] = {"lease_expires_at": None, "next_check_at": None}
@@ -874,7 +881,7 @@ def fast_refuse_tampered(claim: fastpath.FastClaim, *, problem: str, worker: str
 
 def fast_fields(claim: fastpath.FastClaim, result: CallResult, now) -> dict[str, Any]:
     """``outcome_fields`` for a fast claim (the counts the claim returned, no row read)."""
-    counts = Effect(attempt_count=claim.attempt_number, check_count=claim.check_count)
+    counts = _Counts(attempt_count=claim.attempt_number, check_count=claim.check_count)
     return outcome_fields(counts, result, now=now)
 
 

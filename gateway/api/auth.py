@@ -140,7 +140,7 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         interval = self.duration / self.num_requests
         tat = self.cache.get(self.key)
         if tat is None:
-            tat = self._from_log(log_key, now, interval)
+            tat = self._from_log(log_key, now, interval, float(self.duration))
         tat = max(float(tat), now)
         self.ahead = tat - now - (self.duration - interval)  # > 0: that long too early
         if self.ahead > 0:
@@ -149,13 +149,13 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         self.cache.set(self.key, tat + interval, max(1, int(tat + interval - now) + 1))
         return True
 
-    def _from_log(self, log_key: str, now: float, interval: float) -> float:
+    def _from_log(self, log_key: str, now: float, interval: float, period: float) -> float:
         """The TAT that a sliding log of the last period (DRF's list, or this class's former
         array of doubles) stands for: as if its requests in the window had all just come."""
         log = self.cache.get(log_key)
         if not log:
             return now
-        recent = sum(1 for at in log if at > now - self.duration)
+        recent = len([at for at in log if at > now - period])
         return now + recent * interval
 
     def wait(self):
