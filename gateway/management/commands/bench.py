@@ -91,6 +91,10 @@ def _run_process(module: str, arguments: dict, what: str) -> dict:
     return json.loads(done.stdout)
 
 
+def _ratio(product: float, floor: float) -> float:
+    return product / floor if floor else float("nan")
+
+
 def median(values: list[float]) -> float:
     values = [v for v in values if v == v]  # drop NaN
     return statistics.median(values) if values else float("nan")
@@ -584,12 +588,12 @@ class Command(BaseCommand):
         if strict is not None:
             strict_part = (
                 f"  strict floor {strict['rate']:6.1f}/s ratio "
-                f"{product['rate'] / strict['rate']:.3f}"
+                f"{_ratio(product['rate'], strict['rate']):.3f}"
             )
         self.stdout.write(
             f"  c={c:<3} round {r + 1}: floor {floor['rate']:6.1f}/s  product "
             f"{product['rate']:6.1f}/s ({product['ok']}/{product['n']}, "
-            f"wrong {len(product['wrong'])})  ratio {product['rate'] / floor['rate']:.3f}"
+            f"wrong {len(product['wrong'])})  ratio {_ratio(product['rate'], floor['rate']):.3f}"
             f"{strict_part}  e2e p50 {percentile(product['e2e'], 50) * 1000:.0f} ms"
         )
         line = (
@@ -622,11 +626,13 @@ class Command(BaseCommand):
             # Each round's product against the floor measured beside it, then the median:
             # the floor swings with the machine (755-1165/s within one run), and a ratio of
             # the two medians would set a product pass against another round's floor.
-            ratio = median([p["rate"] / f["rate"] for f, p in zip(floors, products, strict=True)])
+            ratio = median(
+                [_ratio(p["rate"], f["rate"]) for f, p in zip(floors, products, strict=True)]
+            )
             stricts = [row["strict"] for row in rows if row["strict"] is not None]
             strict_rate = median([f["rate"] for f in stricts])
             strict_ratio = median(
-                [row["product"]["rate"] / row["strict"]["rate"] for row in rows if row["strict"]]
+                [_ratio(r["product"]["rate"], r["strict"]["rate"]) for r in rows if r["strict"]]
             )
             submit = [x for p in products for x in p["submit"]]
             e2e = [x for p in products for x in p["e2e"]]
