@@ -123,7 +123,9 @@ def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         text = raw
     if text.startswith("\ufeff"):
         raise JsonInputError("the body must not start with a byte order mark")
-    if nesting_depth(text) > max_depth:
+    # No deeper than it has opening brackets (counted in C): the scan, a Python loop over the
+    # text (20 µs of a 200-byte body, as much as the parse), only for a body with enough.
+    if text.count("[") + text.count("{") > max_depth and nesting_depth(text) > max_depth:
         raise JsonInputError(f"nested deeper than {max_depth} levels")
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)

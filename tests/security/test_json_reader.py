@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,6 +68,13 @@ def test_nesting_beyond_the_limit_is_refused_before_parsing(depth, opener):
         assert depth > jsonin.MAX_DEPTH, exc
     else:
         assert depth <= jsonin.MAX_DEPTH
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    text = '{"note": "' + "[{" * 100 + '", "list": [[1]]}'
+    assert jsonin.loads(text) == {"note": "[{" * 100, "list": [[1]]}
+    with pytest.raises(jsonin.JsonInputError, match="nested deeper"):
+        jsonin.loads('{"note": "' + "[" * 40 + '", "x": ' + "[" * 40 + "1" + "]" * 40 + "}")
 
 
 def test_an_integer_typed_schema_field_refuses_floats():
