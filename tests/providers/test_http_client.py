@@ -107,11 +107,14 @@ class IdleClosingServer:
             }
         ).encode()
 
+    extra_headers = b""  # sent with every answer (a subclass's misbehaviour)
+
     def answer(self, conn: socket.socket, body: dict) -> bool:
         """Answer one request; False closes the connection. Subclasses misbehave here."""
         answer = self.operation(body)
         conn.sendall(
             b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            + self.extra_headers
             + f"Content-Length: {len(answer)}\r\n\r\n".encode()
             + answer
         )
@@ -379,14 +382,7 @@ class ClosingServer(IdleClosingServer):
     """Says ``Connection: close`` and yet keeps reading: only the client's respect for the
     header makes it open a new connection."""
 
-    def answer(self, conn, body):
-        answer = self.operation(body)
-        conn.sendall(
-            b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            + f"Content-Length: {len(answer)}\r\n\r\n".encode()
-            + answer
-        )
-        return True
+    extra_headers = b"Connection: close\r\n"
 
 
 def test_an_answer_that_says_connection_close_is_not_reused(fresh_client):
