@@ -293,10 +293,17 @@ def validate_idempotency_key(idempotency_key: Any, *, what: str = "command") -> 
             f"The Idempotency-Key header is required: a stable business key for this {what}.",
             errors={"Idempotency-Key": ["required"]},
         )
-    if len(idempotency_key) > MAX_KEY_LENGTH or not idempotency_key.isprintable():
+    # Printable ASCII, as the IETF Idempotency-Key header's value (a structured-field string)
+    # is: the key goes on to the provider in a header of that name, and a header cannot carry
+    # anything else; a key it accepted that no dispatch could send would be a command stuck.
+    if (
+        len(idempotency_key) > MAX_KEY_LENGTH
+        or not idempotency_key.isascii()
+        or not idempotency_key.isprintable()
+    ):
         raise ValidationProblem(
             "The Idempotency-Key is not valid.",
-            errors={"Idempotency-Key": [f"at most {MAX_KEY_LENGTH} printable characters"]},
+            errors={"Idempotency-Key": [f"at most {MAX_KEY_LENGTH} printable ASCII characters"]},
         )
     return idempotency_key
 

@@ -240,6 +240,8 @@ class _Client:
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\0" in value:
                 raise _NotSent(ValueError(f"{name} contains a line break or NUL"))
+            if not value.isascii():  # a key accepted before keys were held to ASCII
+                raise _NotSent(ValueError(f"{name} is not ASCII: it cannot be sent as a header"))
             head += f"{name}: {value}\r\n"
         if method == "POST":
             head += f"Content-Length: {len(body)}\r\n"

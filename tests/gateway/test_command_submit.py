@@ -83,6 +83,16 @@ def test_missing_idempotency_key_is_400(agent, refund_body):
     assert ledger_counts() == (0, 0, 0)
 
 
+@pytest.mark.parametrize("key", ["réf-1", "ключ", "tab\there", "k\u2028"])
+def test_a_key_outside_printable_ascii_is_400_and_writes_nothing(agent, refund_body, key):
+    """The key travels on to the provider in its Idempotency-Key header, which holds
+    printable ASCII only: a key no dispatch could send is refused here, not stuck later."""
+    response = agent.submit(refund_body, key)
+    assert response.status_code == 400
+    assert list(response.json()["errors"]) == ["Idempotency-Key"]
+    assert ledger_counts() == (0, 0, 0)
+
+
 def test_unknown_type_is_400_with_the_field_error(agent, refund_body):
     response = agent.submit({**refund_body, "type": "billing.refund.teleport"}, "k1")
     assert response.status_code == 400

@@ -168,6 +168,21 @@ def test_one_client_per_process_keeps_its_connection(fresh_client):
     assert provider_http._client() is provider_http._client()
 
 
+def test_a_key_that_is_not_ascii_is_not_sent(fresh_client):
+    """A command accepted before keys were held to ASCII: its header cannot be written, so
+    nothing is sent (NOT_STARTED, with the reason), instead of an encoding error that left
+    the effect in DISPATCHING until its lease ran out."""
+    server = IdleClosingServer(idle=5, reset=False)
+    adapter = provider_http.HttpProviderAdapter(server.url)
+    try:
+        result = adapter.execute(request("acme:réf-1"))
+    finally:
+        server.stop()
+    assert result.outcome == Outcome.NOT_STARTED
+    assert "not ASCII" in result.error
+    assert server.requests == [] and server.connections == 0
+
+
 def test_a_connection_closed_while_idle_is_replaced_before_the_request(fresh_client):
     server = IdleClosingServer(idle=0.05, reset=False)
     adapter = provider_http.HttpProviderAdapter(server.url)
