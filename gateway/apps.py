@@ -14,13 +14,15 @@ class GatewayConfig(AppConfig):
         # send tasks with shared_task.delay, which uses the current app's broker).
         from gateway import capabilities, checks, hooks, lockout  # noqa: F401  (checks, lockout: receivers)
         from gateway.celery import app  # noqa: F401
-        from gateway.dispatcher import announce_due
+        from gateway.dispatcher import announce_due, wake_due
         from gateway.tasks import dispatch_due, dispatch_effect
 
         # The ledger hands effects to workers through these tasks; it cannot import them (the
         # tasks call the services, which sit above the ledger). One by one (sagas, approvals,
-        # the sweeper), or as a coalesced "due" signal that a drainer answers (submissions).
+        # the sweeper's second look), as a coalesced "due" signal that a drainer answers
+        # (submissions), or as a wake-up for one more drainer (the sweeper's first look).
         hooks.dispatch_sender.bind(dispatch_effect.delay)
         hooks.due_sender.bind(partial(announce_due, dispatch_due))
+        hooks.wake_sender.bind(partial(wake_due, dispatch_due))
         # A never-sent command gives its capability budget back, with the transition.
         hooks.after_transition.register(capabilities.capability_release_unsent)

@@ -36,7 +36,8 @@ when S looked. The flag goes away in one of two ways:
    (``gateway.celery``, on ``worker_ready``), which claims E; a worker that shuts down warm
    hands its drain over the same way before it exits (``_Drainer._hand_over``). If no worker
    starts, or Redis lost T, E's ``next_dispatch_at`` (set at submission) makes the dispatch
-   sweeper send it, as it does for any lost message.
+   sweeper wake a drainer for it, and send it on its own at its next look, as it does for any
+   lost message (``services.dispatch_sweep``).
 
 A flag set again by a drainer (``hold``) is the same case with T = that drainer's own
 wake-up: it has not cleared since, and it stops only after a clear and a claim.
@@ -241,14 +242,32 @@ def announce_due(task: Any, effect_id: str = "") -> None:
         return
     # Flag and wake-up in one script: a drainer will claim after it clears the flag, so E is
     # seen whichever of the two this call finds (module docstring).
+    _flag_of(conf).announce()
+
+
+_flags: dict[str, DueFlag] = {}
+
+
+def wake_due(task: Any, reason: str) -> None:
+    """Wake one more drainer, whether or not the flag stands (``hooks.wake_sender``): the
+    dispatch sweep found effects that waited past their dispatch time, most likely behind a
+    backlog that the drainers at work will reach; an idle drainer elsewhere shares it, and
+    a wake-up that nobody answers (no drainer threads) leaves those effects to the sweep's
+    next look, which sends them one by one. In eager mode ``task`` drains now."""
+    conf = task.app.conf
+    if _conf(conf, "task_always_eager"):
+        task.delay()
+        return
+    _flag_of(conf).wake(reason)
+
+
+def _flag_of(conf: Any) -> DueFlag:
+    """The flag of the app's default task queue, made once per queue."""
     queue = _conf(conf, "task_default_queue")
     flag = _flags.get(queue)
     if flag is None:
         flag = _flags[queue] = DueFlag(queue)
-    flag.announce()
-
-
-_flags: dict[str, DueFlag] = {}
+    return flag
 
 
 def _conf(conf: Any, name: str) -> Any:

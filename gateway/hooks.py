@@ -22,6 +22,8 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
 - ``due_sender``: tells the workers that dispatch work is due, coalesced: most calls wake
   nobody while a drainer is on its way (``gateway.dispatcher.announce_due``, bound by
   ``GatewayConfig.ready``). Submissions use it instead of a message per effect.
+- ``wake_sender``: wakes one more drainer, past the flag (``gateway.dispatcher.wake_due``):
+  the dispatch sweep's answer to effects that wait behind a backlog.
 """
 
 from __future__ import annotations
@@ -107,3 +109,4 @@ dispatch_holds: Registry[DispatchHold] = Registry("dispatch_holds")
 mismatch_found: Registry[MismatchFound] = Registry("mismatch_found")
 dispatch_sender = Sender("dispatch_sender")
 due_sender = Sender("due_sender")
+wake_sender = Sender("wake_sender")

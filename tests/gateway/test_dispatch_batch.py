@@ -732,3 +732,72 @@ def test_a_streak_of_failures_backs_off_and_logs_a_line_a_minute(caplog):
     assert [line for line, _ in lines[1:-1]] == ["a drain still failing"] * 9
     assert lines[-1] == ("a drain works again", False)
     assert caplog.records[-1].failures == 120 and caplog.records[-1].seconds == 600
+
+
+# --- the dispatch sweep and the drainers -------------------------------------------------------
+
+
+def overdue(effect_ids: list[str], *, waited: float, status: str | None = None) -> None:
+    """Make the effects look as the sweeper finds them after ``waited`` seconds in their status
+    (``status``, or the one they have) without a dispatch."""
+    now = timezone.now()
+    changes = {"next_dispatch_at": now - timedelta(seconds=1)}
+    changes["status_changed_at"] = now - timedelta(seconds=waited)
+    if status is not None:
+        changes["status"] = status
+    Effect.objects.filter(pk__in=effect_ids).update(**changes)
+
+
+@pytest.fixture
+def swept(monkeypatch, queue):
+    """What the dispatch sweep hands over: its one-by-one messages, and its wake-ups (pushed
+    for real, onto ``queue``'s list, where a drainer of that queue pops them)."""
+    one_by_one: list[str] = []
+    monkeypatch.setattr(hooks.dispatch_sender, "_send", one_by_one.append)
+    monkeypatch.setattr(hooks.wake_sender, "_send", dispatcher.DueFlag(queue).wake)
+    return one_by_one
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweeper_wakes_one_drainer_for_what_waits_behind_a_backlog(
+    sandbox, agent, queue, swept, full_window
+):
+    """Effects past their dispatch time for the first time are most likely queued behind a
+    backlog: the sweep pushes one wake-up for all of them, not a message each, and a drainer
+    that pops it sends each once."""
+    ids = [submit(agent, f"behind a backlog {index}") for index in range(5)]
+    overdue(ids, waited=django_settings.GATEWAY_REDELIVER_AFTER + 1)
+    assert services.dispatch_sweep() == 5
+    assert swept == []
+    assert wake_ups(queue) == [b"sweep: 5 overdue"]
+    drainers = dispatcher.Drainers(queue, 1).start()
+    try:
+        deadline = time.monotonic() + 20
+        while {status(effect_id) for effect_id in ids} != {"CONFIRMED"}:
+            assert time.monotonic() < deadline, [status(effect_id) for effect_id in ids]
+            time.sleep(0.05)
+    finally:
+        drainers.stop(timeout=10)
+    assert wake_ups(queue) == []
+    assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
+
+
+def test_the_sweeper_sends_one_by_one_what_a_wake_up_did_not_get_sent(agent, queue, swept):
+    """A second look at an effect (nobody answered the wake-up: no drainer threads, or Redis
+    lost it), a NOT_STARTED effect (a drain respects the retry time the sweep has just pushed
+    back) and one the sweeper was too late to see the first time each get their own message,
+    as before the wake-ups."""
+    after = django_settings.GATEWAY_REDELIVER_AFTER
+    first_look = submit(agent, "first look")
+    overdue([first_look], waited=after + 1)
+    seen_before = submit(agent, "seen before")
+    overdue([seen_before], waited=2 * after + 1)  # a first look pushes back by at least `after`
+    retry = submit(agent, "retry due")
+    overdue([retry], waited=after + 1, status="NOT_STARTED")
+    assert services.dispatch_sweep() == 3
+    assert sorted(swept) == sorted([seen_before, retry])
+    assert wake_ups(queue) == [b"sweep: 1 overdue"]
+    # Each was pushed back: the next sweep finds none of them.
+    swept.clear()
+    assert services.dispatch_sweep() == 0
+    assert swept == [] and wake_ups(queue) == [b"sweep: 1 overdue"]
