@@ -24,14 +24,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from gateway import hooks, trust
 from gateway.choices import ApprovalState, EffectStatus
+from gateway.errors import ValidationProblem
 from gateway.lib import prepared
 from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.webhooks.models import WebhookEndpoint
@@ -145,10 +146,24 @@ def _live_grants(principal: Principal, now) -> list[Capability]:
     return grants
 
 
-def unlimited_grant(principal: Principal, contract, resource: dict, now) -> Capability | None:
-    """The first live grant that matches, if it reserves nothing (no budget); None when the
-    general path must decide (no grant: a 403 with its reason; a budget: a reservation)."""
-    from gateway.capabilities import _matches
+class Grant(NamedTuple):
+    """The grant a fast submission runs under, and what its statement reserves on it."""
+
+    capability: Capability
+    budgeted: bool  # the statement reserves one use (and ``amount``) on the grant's row
+    amount: int  # minor units counted against an amount budget (0 without one)
+
+
+def submission_grant(
+    principal: Principal, contract, resource: dict, payload: dict, now
+) -> Grant | None:
+    """The grant ``capabilities.capability_reserve`` would try first: the first live grant
+    that matches the type and resource (and, for one with an amount budget, the payload's
+    currency). None when the general path must decide: no grant (a 403 with its reason), or
+    an amount it refuses (a 400). A budgeted grant is reserved by the submission statement
+    itself; if its budget is spent, the statement writes nothing and the general path tries
+    the next grant or refuses, as it always did."""
+    from gateway.capabilities import _matches, _money
 
     for cap in _live_grants(principal, now):
         if cap.expires_at is not None and cap.expires_at <= now:
@@ -156,8 +171,17 @@ def unlimited_grant(principal: Principal, contract, resource: dict, now) -> Capa
         if cap.revoked_at is not None or not _matches(cap, contract.type, resource):
             continue
         if cap.budget_count is None and cap.budget_amount is None:
-            return cap
-        return None  # the first match has a budget: reserve it the general way
+            return Grant(cap, budgeted=False, amount=0)
+        try:
+            amount, currency = _money(payload)
+        except ValidationProblem:
+            return None  # the general path says why, with its field errors
+        moves_money = "amount" in payload or "currency" in payload
+        if moves_money and cap.budget_amount is not None:
+            if cap.budget_currency not in ("", currency):
+                continue  # a grant in one currency covers no other
+            return Grant(cap, budgeted=True, amount=amount)
+        return Grant(cap, budgeted=True, amount=0)
     return None
 
 
@@ -171,21 +195,18 @@ _P_COLS, _P_FIELDS = _columns(Principal, "p")
 # Insert, or read what the key already names: one statement, one snapshot. The read half
 # returns a row only when the insert did nothing (the key exists); then nothing is written.
 _NULLS = ", ".join(["NULL"] * (len(_C_FIELDS) + len(_E_FIELDS) + len(_P_FIELDS) + len(_R_FIELDS)))
-_SUBMIT_OR_EXISTING = _compact(f"""
-WITH cmd AS (
+_COMMAND_COLUMNS = """
     INSERT INTO gateway_command (
         effect_id, tenant_id, type, provider, idempotency_key, provider_key, payload_digest,
         resource, resource_type, resource_id, resource_version, payload_sealed,
         payload_redacted, intent, context, requested_by_id, capability_id, budget_amount,
-        approval_required, compensates_id, saga_id, saga_step, expires_at, created_at)
-    VALUES (%(id)s, %(tenant)s, %(type)s, %(provider)s, %(key)s, %(provider_key)s, %(digest)s,
-        %(resource)s::jsonb, %(resource_type)s, %(resource_id)s, %(resource_version)s,
-        %(sealed)s, %(redacted)s::jsonb, %(intent)s::jsonb, %(context)s::jsonb,
-        %(principal)s, %(capability)s, 0, %(approval_required)s, NULL, '', '', %(expires)s,
-        %(now)s)
-    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    RETURNING effect_id
-), eff AS (
+        approval_required, compensates_id, saga_id, saga_step, expires_at, created_at)"""
+_COMMAND_VALUES = """%(id)s, %(tenant)s, %(type)s, %(provider)s, %(key)s, %(provider_key)s,
+        %(digest)s, %(resource)s::jsonb, %(resource_type)s, %(resource_id)s,
+        %(resource_version)s, %(sealed)s, %(redacted)s::jsonb, %(intent)s::jsonb,
+        %(context)s::jsonb, %(principal)s, %(capability)s, %(reserved)s,
+        %(approval_required)s, NULL, '', '', %(expires)s, %(now)s"""
+_EFFECT_AND_EVENT = """eff AS (
     INSERT INTO gateway_effect (
         effect_id, tenant_id, type, owner, status, status_changed_at, fence, attempt_count,
         lease_expires_at, next_dispatch_at, next_check_at, check_count, frozen, mismatch,
@@ -204,7 +225,8 @@ WITH cmd AS (
         %(reason)s, %(event_data)s::jsonb, %(now)s
     FROM eff
     RETURNING effect_id
-), existing AS (
+)"""
+_EXISTING = f"""existing AS (
     SELECT {_C_COLS}, {_E_COLS}, {_P_COLS}, {_R_COLS}
     FROM gateway_command c
     JOIN gateway_effect e ON e.effect_id = c.effect_id
@@ -213,12 +235,46 @@ WITH cmd AS (
         SELECT * FROM gateway_receipt r0 WHERE r0.effect_id = c.effect_id
         ORDER BY r0.received_at DESC, r0.id DESC LIMIT 1
     ) r ON true
-    WHERE c.tenant_id = %(tenant)s AND c.idempotency_key = %(key)s
-      AND NOT EXISTS (SELECT 1 FROM cmd)
-)
+    WHERE c.tenant_id = %(tenant)s AND c.idempotency_key = %(key)s"""
+_ANSWER = f"""
 SELECT true, {_NULLS} FROM ev
 UNION ALL
-SELECT false, existing.* FROM existing
+SELECT false, existing.* FROM existing"""
+
+# A grant without a budget: the command is inserted unless the key exists.
+_SUBMIT_OR_EXISTING = _compact(f"""
+WITH cmd AS ({_COMMAND_COLUMNS}
+    VALUES ({_COMMAND_VALUES})
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING effect_id
+), {_EFFECT_AND_EVENT}, {_EXISTING}
+      AND NOT EXISTS (SELECT 1 FROM cmd)
+){_ANSWER}
+""")
+
+# A grant with a budget (capabilities.capability_reserve, folded in): one use and the amount
+# are reserved on the grant's row by compare-and-set, and the command is inserted only if
+# that reservation took. A key that already exists reserves nothing (a replay spends no
+# budget). A first submission of the same key that commits after this statement's snapshot
+# (a racer) makes the plain INSERT fail with a unique violation, which undoes this
+# statement's reservation with it; the caller then reads the racer's effect the general way.
+# A spent budget, or a grant revoked or expired since this process cached it, reserves and
+# writes nothing: the general path decides (the next grant, or a 403 that says why).
+_SUBMIT_RESERVING_OR_EXISTING = _compact(f"""
+WITH {_EXISTING}
+), reserve AS (
+    UPDATE gateway_capability k
+       SET spent_count = k.spent_count + 1, spent_amount = k.spent_amount + %(reserved)s
+     WHERE k.id = %(capability)s AND k.revoked_at IS NULL
+       AND (k.expires_at IS NULL OR k.expires_at > %(now)s)
+       AND (k.budget_count IS NULL OR k.spent_count < k.budget_count)
+       AND (k.budget_amount IS NULL OR k.spent_amount <= k.budget_amount - %(reserved)s)
+       AND NOT EXISTS (SELECT FROM existing)
+    RETURNING k.id
+), cmd AS ({_COMMAND_COLUMNS}
+    SELECT {_COMMAND_VALUES} FROM reserve
+    RETURNING effect_id
+), {_EFFECT_AND_EVENT}{_ANSWER}
 """)
 
 
@@ -263,15 +319,19 @@ def submit(
     expires_in: Any,
     sealed: str,
     redacted: dict,
-    capability: Capability | None,
+    grant: Grant | None,
     now,
     effect_id: str | None = None,
 ) -> Written | None:
-    """Insert command + effect + event, or find the key's existing effect: one statement.
+    """Insert command + effect + event (reserving on a budgeted ``grant``), or find the key's
+    existing effect: one statement.
 
     None when the existing row was committed after this statement's snapshot (a concurrent
-    submission of the same key): the caller reads it again the general way.
+    submission of the same key), or the grant's budget did not take: the caller decides the
+    general way.
     """
+    capability = grant.capability if grant else None
+    reserved = grant.amount if grant else 0
     needs_approval = contract.requires_approval(payload)
     status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     # The caller names the id when the payload is sealed bound to it (gateway.integrity).
@@ -300,6 +360,7 @@ def submit(
         "context": _json(context or {}),
         "principal": principal.pk,
         "capability": capability.pk if capability else None,
+        "reserved": reserved,
         "approval_required": needs_approval,
         "expires": expires_at,
         "now": now,
@@ -311,7 +372,10 @@ def submit(
         "reason": reason,
         "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
     }
-    row = prepared.fetchone(_SUBMIT_OR_EXISTING, params)
+    if grant is not None and grant.budgeted:
+        row = _reserving(params)
+    else:
+        row = prepared.fetchone(_SUBMIT_OR_EXISTING, params)
     if row is None:
         return None
     if not row[0]:
@@ -338,7 +402,7 @@ def submit(
         context=context or {},
         requested_by_id=principal.pk,
         capability_id=capability.pk if capability else None,
-        budget_amount=0,
+        budget_amount=reserved,
         approval_required=needs_approval,
         saga_id="",
         saga_step="",
@@ -371,6 +435,20 @@ def submit(
     # The submitter's own payload, as sent: the answer needs no decryption.
     effect._clear_payload = payload
     return Written(effect, created=True)
+
+
+def _reserving(params: dict[str, Any]):
+    """The reserving statement's row; None when a racer committed the key first (the unique
+    violation undid the whole statement, its reservation too). Inside a transaction (a
+    caller's, or a test's) it runs in a savepoint, so that the violation leaves the
+    transaction usable; in autocommit, as the API runs, it costs nothing more."""
+    try:
+        if connection.in_atomic_block:
+            with transaction.atomic():
+                return prepared.fetchone(_SUBMIT_RESERVING_OR_EXISTING, params)
+        return prepared.fetchone(_SUBMIT_RESERVING_OR_EXISTING, params)
+    except IntegrityError:
+        return None
 
 
 # --- 2. claim ----------------------------------------------------------------------------------

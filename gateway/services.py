@@ -278,18 +278,19 @@ def command_submit(
 
 
 def _submit_fast(principal, contract, key, digest, resource, payload, intent, context, expires_in):
-    """The one-statement submission (gateway.fastpath), for a command that reserves nothing
-    and belongs to no saga; None when the general path must decide."""
+    """The one-statement submission (gateway.fastpath), for a command that belongs to no saga
+    and compensates nothing; a budget is reserved in the same statement. None when the
+    general path must decide."""
     if len(hooks.effect_created) and contract.requires_approval(payload):
         # A command that waits for an approver is announced (hooks.effect_created) in the
         # transaction that writes it, which is the general path's; the wait is human anyway.
         return None
     now = timezone.now()
-    capability = None
+    grant = None
     if principal.role == Role.AGENT:
-        capability = fastpath.unlimited_grant(principal, contract, resource, now)
-        if capability is None:
-            return None  # no grant (the general path says why) or a budget to reserve
+        grant = fastpath.submission_grant(principal, contract, resource, payload, now)
+        if grant is None:
+            return None  # no grant, or an amount it refuses: the general path says why
     effect_id = new_effect_id()
     written = fastpath.submit(
         effect_id=effect_id,
@@ -305,7 +306,7 @@ def _submit_fast(principal, contract, key, digest, resource, payload, intent, co
         # Bound to this command: a ciphertext copied from another row won't open.
         sealed=seal_bound(payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)),
         redacted=redact(payload, contract),
-        capability=capability,
+        grant=grant,
         now=now,
     )
     if written is None:

@@ -11,7 +11,9 @@ from psycopg import _queries
 from gateway import fastpath
 
 
-@pytest.mark.parametrize("name", ["_SUBMIT_OR_EXISTING", "_CLAIM", "_RECORD"])
+@pytest.mark.parametrize(
+    "name", ["_SUBMIT_OR_EXISTING", "_SUBMIT_RESERVING_OR_EXISTING", "_CLAIM", "_RECORD"]
+)
 def test_hot_statements_fit_psycopgs_parse_cache(name):
     statement = getattr(fastpath, name)
     assert len(statement.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH, len(statement)

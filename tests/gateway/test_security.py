@@ -4,6 +4,7 @@ the database refuses to rewrite, and the usual (hashed tokens, throttling, heade
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import pytest
@@ -235,23 +236,155 @@ def test_only_admins_grant(operator, admin):
     assert created.json()["budget_count"] == 3
 
 
+REFUND_1000 = {**BIG_REFUND, "payload": {**BIG_REFUND["payload"], "amount": 1_000}}
+
+
+def refund_grant(persona: Persona, *, amount: int, count: int) -> Capability:
+    return grant(
+        persona,
+        effect_types=["billing.refund.create"],
+        budget_amount=amount,
+        budget_currency="EUR",
+        budget_count=count,
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_submissions_never_overspend_a_budget(scoped_agent):
     from tests.gateway.test_concurrency import run_in_threads
 
-    cap = grant(
-        scoped_agent,
-        effect_types=["billing.refund.create"],
-        budget_amount=5_000,
-        budget_currency="EUR",
-        budget_count=100,
-    )
-    refund = {**BIG_REFUND, "payload": {**BIG_REFUND["payload"], "amount": 1_000}}
-    codes = run_in_threads(20, lambda i: scoped_agent.submit(refund, f"r{i}").status_code)
+    cap = refund_grant(scoped_agent, amount=5_000, count=100)
+    codes = run_in_threads(20, lambda i: scoped_agent.submit(REFUND_1000, f"r{i}").status_code)
     assert sorted(codes) == [201] * 5 + [403] * 15
     cap.refresh_from_db()
     assert (cap.spent_count, cap.spent_amount) == (5, 5_000)
     assert Command.objects.count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_submissions_of_one_key_reserve_the_budget_once(scoped_agent, sandbox, eager_tasks):
+    """Twenty threads send the same first submission under a budget: one reservation, one
+    effect, one operation at the provider. A loser's statement either sees the winner's key
+    (and reserves nothing) or races it (its insert fails, and takes its reservation with it:
+    the next test makes that happen)."""
+    from tests.gateway.test_concurrency import run_in_threads
+
+    cap = refund_grant(scoped_agent, amount=10_000, count=10)
+    answers = run_in_threads(20, lambda i: scoped_agent.submit(REFUND_1000, "one-key"))
+    codes = sorted(answer.status_code for answer in answers)
+    assert codes == [200] * 19 + [201], [a.json() for a in answers if a.status_code >= 400]
+    assert len({answer.json()["effect_id"] for answer in answers}) == 1
+    cap.refresh_from_db()
+    assert (cap.spent_count, cap.spent_amount) == (1, 1_000)
+    command = Command.objects.get()
+    assert (command.capability_id, command.budget_amount) == (cap.pk, 1_000)
+    assert len(sandbox.operations(idempotency_key=command.provider_key)) == 1
+    assert len(sandbox.operations()) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_committed_while_the_reservation_waits_undoes_the_reservation(scoped_agent, agent):
+    """The reserving statement's race, made to happen: its snapshot sees no command for the
+    key, it waits on the grant's row (locked here), and meanwhile another agent of the
+    tenant commits that key. The statement's insert then fails on the key's unique index,
+    which takes its reservation with it; the answer is the replay of the other's effect."""
+    import threading
+
+    import psycopg
+    from django.conf import settings as django_settings
+
+    cap = grant(scoped_agent, effect_types=["ticket.create"], budget_count=5)
+    dsn = django_settings.DATABASES["default"]
+    holder = psycopg.connect(
+        host=dsn["HOST"], port=dsn["PORT"], user=dsn["USER"], dbname=dsn["NAME"]
+    )
+    holder.execute("SELECT 1 FROM gateway_capability WHERE id = %s FOR UPDATE", [cap.pk])
+    answer = {}
+
+    def submit_contested() -> None:
+        try:
+            answer["response"] = scoped_agent.submit(TICKET, "contested")
+        finally:
+            connection.close()  # this thread's own
+
+    submitting = threading.Thread(target=submit_contested)
+    submitting.start()
+    try:
+        waiting = 0
+        for _ in range(200):  # until the statement waits on the grant's row
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    # The text is cut at track_activity_query_size: its start names it.
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'WITH existing AS%%'"
+                )
+                waiting = cursor.fetchone()[0]
+            if waiting:
+                break
+            time.sleep(0.02)
+        assert waiting == 1
+        first = agent.submit(TICKET, "contested")  # an unlimited grant: no wait
+        assert first.status_code == 201
+    finally:
+        holder.commit()
+        holder.close()
+        submitting.join(10)
+    response = answer["response"]
+    assert response.status_code == 200, response.json()
+    assert response.json()["effect_id"] == first.json()["effect_id"]
+    cap.refresh_from_db()
+    assert cap.spent_count == 0
+    assert Command.objects.filter(idempotency_key="contested").count() == 1
+
+
+def test_a_budgeted_submission_is_one_statement(scoped_agent, settings):
+    """The reservation is folded into the submission statement: a budgeted agent's command
+    costs what an unlimited one costs, and a replay reserves nothing."""
+    from django.test.utils import CaptureQueriesContext
+
+    settings.GATEWAY_TOKEN_CACHE_TTL = 5
+    cap = grant(scoped_agent, effect_types=["ticket.create"], budget_count=3)
+    assert scoped_agent.submit(TICKET, "warm").status_code == 201  # the token and grants cached
+    with CaptureQueriesContext(connection) as statements:
+        assert scoped_agent.submit(TICKET, "counted").status_code == 201
+    writes = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(writes) == 1 and "UPDATE gateway_capability" in writes[0], writes
+    with CaptureQueriesContext(connection) as statements:
+        assert scoped_agent.submit(TICKET, "counted").status_code == 200
+    assert len([q for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]) == 1
+    cap.refresh_from_db()
+    assert cap.spent_count == 2
+    assert scoped_agent.submit(TICKET, "third").status_code == 201
+    refused = scoped_agent.submit(TICKET, "fourth")  # spent: the general path says so
+    assert refused.status_code == 403 and "budget" in refused.json()["detail"]
+    cap.refresh_from_db()
+    assert cap.spent_count == 3
+
+
+def test_a_spent_grant_falls_through_to_the_next_one(scoped_agent):
+    """As capability_reserve always did: a spent budget is not the end while another grant
+    matches."""
+    first = grant(scoped_agent, effect_types=["ticket.create"], budget_count=1)
+    second = grant(scoped_agent, effect_types=["ticket.*"], budget_count=5)
+    assert scoped_agent.submit(TICKET, "a").status_code == 201
+    assert scoped_agent.submit(TICKET, "b").status_code == 201
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.spent_count, second.spent_count) == (1, 1)
+    assert Command.objects.get(idempotency_key="b").capability_id == second.pk
+
+
+def test_a_grant_in_another_currency_is_passed_over(scoped_agent):
+    usd = grant(
+        scoped_agent, effect_types=["billing.*"], budget_amount=100_000, budget_currency="USD"
+    )
+    eur = grant(
+        scoped_agent, effect_types=["billing.*"], budget_amount=5_000, budget_currency="EUR"
+    )
+    assert scoped_agent.submit(REFUND_1000, "eur").status_code == 201
+    usd.refresh_from_db()
+    eur.refresh_from_db()
+    assert (usd.spent_amount, eur.spent_amount) == (0, 1_000)
 
 
 # --- personal data ----------------------------------------------------------------------------

@@ -202,6 +202,13 @@ class Command(BaseCommand):
             "(the standard library's client, as the product's adapter uses)",
         )
         parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
+        parser.add_argument(
+            "--budget-count",
+            type=int,
+            default=0,
+            help="agents submit under a grant with a count budget this large (reserved at "
+            "every submission), not under an unlimited one",
+        )
         parser.add_argument("--timeout", type=float, default=180)
         parser.add_argument(
             "--port",
@@ -281,8 +288,16 @@ class Command(BaseCommand):
         from io import StringIO
 
         out = StringIO()
+        grant = {}
+        if self.options["budget_count"]:
+            grant = {"types": "*", "budget_count": self.options["budget_count"]}
         call_command(
-            "issue_token", tenant=tenant, principal=f"bench-{run}", role="agent", stdout=out
+            "issue_token",
+            tenant=tenant,
+            principal=f"bench-{run}",
+            role="agent",
+            stdout=out,
+            **grant,
         )
         return out.getvalue().strip().splitlines()[-1]
 
@@ -578,7 +593,9 @@ class Command(BaseCommand):
             f"{o['web_workers']}×{o['web_threads']} threads, "
             f"{o['worker_processes']} Celery worker(s) ×"
             f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, "
-            f"tenants {o['tenants']}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+            f"tenants {o['tenants']}"
+            + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
+            + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
         )
 
     def _line(self, c: int, r: int, row: dict) -> None:
