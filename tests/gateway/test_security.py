@@ -262,7 +262,7 @@ def test_concurrent_submissions_never_overspend_a_budget(scoped_agent):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_racing_submissions_of_one_key_reserve_the_budget_once(scoped_agent, sandbox, eager_tasks):
+def test_racing_submissions_of_one_key_reserve_the_budget_once(scoped_agent, sandbox):
     """Twenty threads send the same first submission under a budget: one reservation, one
     effect, one operation at the provider. A loser's statement either sees the winner's key
     (and reserves nothing) or races it (its insert fails, and takes its reservation with it:
@@ -278,6 +278,7 @@ def test_racing_submissions_of_one_key_reserve_the_budget_once(scoped_agent, san
     assert (cap.spent_count, cap.spent_amount) == (1, 1_000)
     command = Command.objects.get()
     assert (command.capability_id, command.budget_amount) == (cap.pk, 1_000)
+    dispatch(command.effect_id)  # here, not in the racing threads: connections stay few
     assert len(sandbox.operations(idempotency_key=command.provider_key)) == 1
     assert len(sandbox.operations()) == 1
 
@@ -359,6 +360,21 @@ def test_a_budgeted_submission_is_one_statement(scoped_agent, settings):
     assert refused.status_code == 403 and "budget" in refused.json()["detail"]
     cap.refresh_from_db()
     assert cap.spent_count == 3
+
+
+def test_a_cancelled_command_gives_back_what_its_statement_reserved(scoped_agent):
+    """The reservation written by the submission statement is the one the release reads: the
+    use and the amount come back when the command ends unsent."""
+    cap = refund_grant(scoped_agent, amount=5_000, count=3)
+    small = {**REFUND_1000, "payload": {**REFUND_1000["payload"], "amount": 700}}
+    effect = scoped_agent.submit(small, "to-cancel").json()
+    assert effect["status"] == "PREPARED"  # no approval for 7 EUR: the one-statement path
+    cap.refresh_from_db()
+    assert (cap.spent_count, cap.spent_amount) == (1, 700)
+    cancelled = scoped_agent.client.post(f"/api/v1/effects/{effect['effect_id']}/cancel")
+    assert cancelled.status_code == 200, cancelled.json()
+    cap.refresh_from_db()
+    assert (cap.spent_count, cap.spent_amount) == (0, 0)
 
 
 def test_a_spent_grant_falls_through_to_the_next_one(scoped_agent):

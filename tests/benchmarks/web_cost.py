@@ -1,0 +1,123 @@
+"""What the web process spends on one submission, without the web server (issue 12).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/eg_web \
+    CELERY_BROKER_URL=redis://127.0.0.1:6379/13 \
+        .venv/bin/python -m tests.benchmarks.web_cost --submissions 1000 [--budget] [--replay]
+
+In one thread, it calls the WSGI application (``gateway.wsgi``: every middleware, the API lane,
+the services) with the environ a server would build for ``POST /api/v1/commands``, for a new
+agent of tenant ``webcost`` (an unlimited grant, or with ``--budget`` one with a count budget,
+which the submission reserves), and prints per submission the CPU of this process and the wall
+time, for three rounds. ``--replay`` sends one key over and over (the replay path);
+``--profile`` runs one round under cProfile on CPU time instead. Nothing consumes what it
+submits: use a scratch database (the effects stay PREPARED) and a Redis database of its own.
+
+Against the benchmark (``manage.py bench``), which measures the web processes behind gunicorn,
+the difference is the server's own work per request (docs/reliability.md, session 7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections import Counter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--submissions", type=int, default=1000, help="per round")
+    parser.add_argument("--budget", action="store_true", help="under a grant with a budget")
+    parser.add_argument("--replay", action="store_true", help="one key, replayed")
+    parser.add_argument("--profile", action="store_true", help="one round under cProfile")
+    options = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ.setdefault("GATEWAY_TASK_QUEUE", "webcost")  # announces that nobody answers
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from gateway.wsgi import application
+
+    run = uuid.uuid4().hex[:8]
+    out = io.StringIO()
+    grant = {"types": "*", "budget_count": 10**9} if options.budget else {}
+    call_command(
+        "issue_token", tenant="webcost", principal=f"web-{run}", role="agent", stdout=out, **grant
+    )
+    token = out.getvalue().strip().splitlines()[-1]
+    answers: Counter[str] = Counter()
+
+    def submit(index: int) -> None:
+        key = f"web:{run}:{0 if options.replay else index}"
+        title = "replayed" if options.replay else f"t {index}"
+        body = json.dumps(
+            {
+                "type": "ticket.create",
+                "resource": {"type": "queue", "id": "bench"},
+                "intent": {"summary": "benchmark"},
+                "payload": {"title": title, "priority": "P4"},
+            }
+        ).encode()
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": "/api/v1/commands",
+            "QUERY_STRING": "",
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "8000",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1",
+            "HTTP_HOST": "127.0.0.1:8000",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)),
+            "HTTP_AUTHORIZATION": f"Bearer {token}",
+            "HTTP_IDEMPOTENCY_KEY": key,
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.url_scheme": "http",
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+            "wsgi.version": (1, 0),
+        }
+
+        def start_response(status, headers, exc_info=None):
+            answers[status] += 1
+
+        for _chunk in application(environ, start_response):
+            pass
+
+    n = options.submissions
+    for index in range(50):  # warm: the URLconf, the token and grant caches, the statements
+        submit(-index - 1)
+    if options.profile:
+        profile = cProfile.Profile(time.thread_time)
+        profile.enable()
+        for index in range(n):
+            submit(index)
+        profile.disable()
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(50)
+    else:
+        for round_ in range(3):
+            cpu, wall = time.process_time(), time.perf_counter()
+            for index in range(n):
+                submit(round_ * n + index)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            print(
+                f"round {round_ + 1}: {cpu / n * 1000:.2f} ms CPU, {wall / n * 1000:.2f} ms wall "
+                f"per submission (load {os.getloadavg()[0]:.2f})"
+            )
+    print("answers:", dict(answers))
+
+
+if __name__ == "__main__":
+    main()
