@@ -14,7 +14,7 @@ class GatewayConfig(AppConfig):
         # send tasks with shared_task.delay, which uses the current app's broker).
         from gateway import capabilities, checks, hooks, lockout  # noqa: F401  (checks, lockout: receivers)
         from gateway.celery import app  # noqa: F401
-        from gateway.dispatcher import announce_due, wake_due
+        from gateway.dispatcher import announce_due, drainers_at_work, wake_due
         from gateway.tasks import dispatch_due, dispatch_effect
 
         # The ledger hands effects to workers through these tasks; it cannot import them (the
@@ -24,5 +24,6 @@ class GatewayConfig(AppConfig):
         hooks.dispatch_sender.bind(dispatch_effect.delay)
         hooks.due_sender.bind(partial(announce_due, dispatch_due))
         hooks.wake_sender.bind(partial(wake_due, dispatch_due))
+        hooks.drainers_at_work.bind(partial(drainers_at_work, dispatch_due))
         # A never-sent command gives its capability budget back, with the transition.
         hooks.after_transition.register(capabilities.capability_release_unsent)

@@ -91,6 +91,9 @@ POLL_SECONDS = 0.02
 # After the first answer, wait this long for the other calls of the batch, so that answers
 # arriving together are recorded in one statement.
 GATHER_SECONDS = 0.002
+# A drainer that claimed work counts as at work for this long (``DueFlag.at_work``): the
+# dispatch sweep then leaves overdue effects to the drains. Refreshed at most every third of it.
+AT_WORK_SECONDS = 5.0
 
 
 # --- the due flag ------------------------------------------------------------------------------
@@ -179,6 +182,8 @@ class DueFlag:
     def __init__(self, queue: str) -> None:
         self.key = f"gateway:dispatch-due:{queue}"
         self.wake_key = f"{self.key}:wake"
+        self.work_key = f"{self.key}:at-work"
+        self._marked_at = -AT_WORK_SECONDS  # monotonic time of this object's last ``at_work``
         self._packed: dict[tuple[str, ...], list[bytes]] = {}
 
     def _ttl_ms(self) -> int:
@@ -229,6 +234,21 @@ class DueFlag:
         """Set it again, whoever set it before: a drainer that found work after its clear."""
         _run(self._command("SET", self.key, "1", "PX", self._ttl_ms()))
 
+    def at_work(self) -> None:
+        """A drainer of this queue claimed work: for ``AT_WORK_SECONDS`` the queue counts as
+        being drained (the flag itself lapses during a long drain, whose claims come back
+        full and neither clear nor hold it). At most every third of that per flag object (a
+        process's drainers share one): one command per few seconds, not one per drain, which
+        at low load is one per effect."""
+        now = time.monotonic()
+        if now - self._marked_at < AT_WORK_SECONDS / 3:
+            return
+        self._marked_at = now
+        _run(self._command("SET", self.work_key, "1", "PX", int(AT_WORK_SECONDS * 1000)))
+
+    def someone_at_work(self) -> bool:
+        return bool(_run(self._command("EXISTS", self.work_key)))
+
 
 def announce_due(task: Any, effect_id: str = "") -> None:
     """Tell the workers that dispatch work is due (``hooks.due_sender``, which passes the
@@ -259,6 +279,15 @@ def wake_due(task: Any, reason: str) -> None:
         task.delay()
         return
     _flag_of(conf).wake(reason)
+
+
+def drainers_at_work(task: Any) -> bool:
+    """Whether a drainer of the app's queue claimed work in the last ``AT_WORK_SECONDS``
+    (``hooks.drainers_at_work``). In eager mode there are no drainer threads: False."""
+    conf = task.app.conf
+    if _conf(conf, "task_always_eager"):
+        return False
+    return _flag_of(conf).someone_at_work()
 
 
 def _flag_of(conf: Any) -> DueFlag:
@@ -516,6 +545,8 @@ class _Drainer:
             self._call_for_help()
         if batch.picked and last_chance and self.flag is not None:
             self.flag.hold()  # at work again: submissions may stay quiet
+        if batch.picked:
+            self._mark_at_work()
         for effect_id in batch.refused:
             self._general(effect_id)
         if last_chance and not batch.picked:
@@ -523,6 +554,16 @@ class _Drainer:
             # still out are recorded; new work gets a drainer of its own (its submission
             # found no flag).
             self.claiming = False
+
+    def _mark_at_work(self) -> None:
+        """Tell the dispatch sweep that this queue is being drained (``DueFlag.at_work``). A
+        Redis that refuses it costs only the sweep's shortcut."""
+        if self.flag is None:
+            return
+        try:
+            self.flag.at_work()
+        except redis.RedisError:
+            logger.warning("could not mark the queue at work; the sweep sends", exc_info=True)
 
     def _hand_over(self) -> None:
         """The worker shuts down: claim no more. Submissions that found the flag count on a

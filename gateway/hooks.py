@@ -24,6 +24,9 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
   ``GatewayConfig.ready``). Submissions use it instead of a message per effect.
 - ``wake_sender``: wakes one more drainer, past the flag (``gateway.dispatcher.wake_due``):
   the dispatch sweep's answer to effects that wait behind a backlog.
+- ``drainers_at_work``: whether a drainer of the queue has claimed work in the last few
+  seconds (``gateway.dispatcher.drainers_at_work``): then the sweep leaves what a drain takes
+  to the drains, however long it has waited.
 """
 
 from __future__ import annotations
@@ -103,6 +106,23 @@ class Sender:
         return self._send(value)
 
 
+class Probe:
+    """A question the ledger asks an app above it, bound once at start-up, asked through
+    ``ask``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._ask: Callable[[], bool] | None = None
+
+    def bind(self, ask: Callable[[], bool]) -> None:
+        self._ask = ask
+
+    def ask(self) -> bool:
+        if self._ask is None:
+            raise RuntimeError(f"{self.name} is not bound: django.setup() binds it")
+        return self._ask()
+
+
 after_transition: Registry[AfterTransition] = Registry("after_transition")
 effect_created: Registry[EffectCreated] = Registry("effect_created")
 dispatch_holds: Registry[DispatchHold] = Registry("dispatch_holds")
@@ -110,3 +130,4 @@ mismatch_found: Registry[MismatchFound] = Registry("mismatch_found")
 dispatch_sender = Sender("dispatch_sender")
 due_sender = Sender("due_sender")
 wake_sender = Sender("wake_sender")
+drainers_at_work = Probe("drainers_at_work")

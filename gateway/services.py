@@ -963,9 +963,11 @@ def dispatch_sweep(*, limit: int = 500) -> int:
     saga's step), the sweeper wakes one more drainer for all of them at once instead of a
     message each; one message per overdue effect had each sent through the single dispatch,
     the dearest path, while the backlog lasted (5,000 messages in a long pass of the bench).
-    An effect overdue again (a wake-up nobody answered: no drainer threads, or Redis lost it),
-    a NOT_STARTED one (its retry time, which a drain respects, was just pushed back) and a
-    saga's step get their own message, as always. ``_first_look`` says how the sweeper tells.
+    While a drainer is at work (it claimed in the last few seconds: ``hooks.drainers_at_work``)
+    that holds at every look, however long the backlog lasts. Otherwise an effect overdue
+    again (a wake-up nobody answered: no drainer threads, or Redis lost it), a NOT_STARTED
+    one (its retry time, which a drain respects, was just pushed back) and a saga's step get
+    their own message, as always. ``_first_look`` says how the sweeper tells a second look.
     """
     now = timezone.now()
     expired = 0
@@ -994,7 +996,9 @@ def dispatch_sweep(*, limit: int = 500) -> int:
             Effect.objects.filter(pk__in=[row[0] for row in due]).update(
                 next_dispatch_at=redeliver_at(now)
             )
-    drained = [row[0] for row in due if _first_look(now, *row[1:])]
+    drains_take = [row for row in due if row[1] == S.PREPARED and not row[3]]
+    at_work = bool(drains_take) and _drainers_at_work()
+    drained = [row[0] for row in drains_take if at_work or _first_look(now, row[2])]
     if drained:
         # One wake-up past the due flag, whoever holds it: a drainer claims every PREPARED
         # effect, in order of next_dispatch_at, until none is left.
@@ -1004,13 +1008,21 @@ def dispatch_sweep(*, limit: int = 500) -> int:
     return len(due) + expired
 
 
-def _first_look(now: datetime, status: str, status_changed_at: datetime, saga_id: str) -> bool:
-    """Whether the sweeper sees an overdue effect for the first time, and a drain would take
-    it. Without a column for it: a PREPARED effect is due ``GATEWAY_REDELIVER_AFTER`` after
-    its status changed (submission or approval), and each look pushes it back by at least as
-    long as it has waited (``redeliver_at``), so at a second look it has waited at least twice
-    that. A sweeper that was down longer than that sends one by one, as before: the old way
-    is always correct, only dearer."""
-    if status != S.PREPARED or saga_id:
+def _drainers_at_work() -> bool:
+    """Whether a drainer claimed work in the last few seconds (``hooks.drainers_at_work``);
+    False when Redis cannot say: the sweep then sends what it saw before one by one."""
+    try:
+        return hooks.drainers_at_work.ask()
+    except Exception:
+        logger.warning("could not ask whether a drainer is at work", exc_info=True)
         return False
+
+
+def _first_look(now: datetime, status_changed_at: datetime) -> bool:
+    """Whether the sweeper sees an overdue PREPARED effect for the first time. Without a
+    column for it: such an effect is due ``GATEWAY_REDELIVER_AFTER`` after its status changed
+    (submission or approval), and each look pushes it back by at least as long as it has
+    waited (``redeliver_at``), so at a second look it has waited at least twice that. A
+    sweeper that was down longer than that sends one by one, as before: the old way is always
+    correct, only dearer."""
     return now - status_changed_at < 2 * timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)

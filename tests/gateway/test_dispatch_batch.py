@@ -753,9 +753,12 @@ def swept(monkeypatch, queue):
     """What the dispatch sweep hands over: its one-by-one messages, and its wake-ups (pushed
     for real, onto ``queue``'s list, where a drainer of that queue pops them)."""
     one_by_one: list[str] = []
+    flag = dispatcher.DueFlag(queue)
     monkeypatch.setattr(hooks.dispatch_sender, "_send", one_by_one.append)
-    monkeypatch.setattr(hooks.wake_sender, "_send", dispatcher.DueFlag(queue).wake)
-    return one_by_one
+    monkeypatch.setattr(hooks.wake_sender, "_send", flag.wake)
+    monkeypatch.setattr(hooks.drainers_at_work, "_ask", flag.someone_at_work)
+    yield one_by_one
+    dispatcher._redis().delete(flag.work_key)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -801,3 +804,34 @@ def test_the_sweeper_sends_one_by_one_what_a_wake_up_did_not_get_sent(agent, que
     swept.clear()
     assert services.dispatch_sweep() == 0
     assert swept == [] and wake_ups(queue) == [b"sweep: 1 overdue"]
+
+
+def test_while_a_drainer_is_at_work_the_sweep_leaves_the_backlog_to_the_drains(agent, queue, swept):
+    """A backlog older than the sweep's second look: while a drainer has claimed in the last
+    few seconds, the overdue effects a drain takes get a wake-up, never a message each; once
+    nobody is at work, the sweep sends them one by one again."""
+    after = django_settings.GATEWAY_REDELIVER_AFTER
+    ids = [submit(agent, f"long backlog {index}") for index in range(3)]
+    overdue(ids, waited=4 * after)  # long past a second look
+    flag = dispatcher.DueFlag(queue)
+    flag.at_work()
+    assert services.dispatch_sweep() == 3
+    assert swept == [] and wake_ups(queue) == [b"sweep: 3 overdue"]
+    dispatcher._redis().delete(flag.work_key)  # the drainers stopped claiming
+    overdue(ids, waited=8 * after)
+    assert services.dispatch_sweep() == 3
+    assert sorted(swept) == sorted(ids)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_that_claims_marks_its_queue_at_work(sandbox, agent, queue, full_window):
+    ids = [submit(agent, f"marks {index}") for index in range(3)]
+    flag = dispatcher.DueFlag(queue)
+    assert not flag.someone_at_work()
+    try:
+        assert dispatcher.drain(flag=flag, worker="test") == 3
+        assert flag.someone_at_work()
+        assert 0 < dispatcher._redis().pttl(flag.work_key) <= dispatcher.AT_WORK_SECONDS * 1000
+    finally:
+        dispatcher._redis().delete(flag.work_key)
+    assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}
