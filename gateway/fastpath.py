@@ -12,7 +12,7 @@ its own (autocommit: no BEGIN, no COMMIT round trip, no transaction open across 
    inserts the ``claimed`` event and the attempt row, and returns what the adapter needs;
 3. **record**: one CTE writes the outcome at the claim's fence (status, event, attempt,
    receipt) *only if* nothing else has to happen in that transaction (no compensation to
-   settle, no saga to tell, no webhook endpoint of the tenant to write an outbox row for).
+   settle, no saga to tell, no webhook endpoint of the tenant that hears of this outcome).
 
 Each returns None when its conditions do not hold, and the caller takes the general path in
 ``gateway.services`` (which decides why: expire, reject, refuse a stale write, …). The rules
@@ -35,6 +35,7 @@ from gateway.choices import ApprovalState, EffectStatus
 from gateway.errors import ValidationProblem
 from gateway.lib import prepared
 from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
+from gateway.webhooks.choices import EVENT_FOR_STATUS
 from gateway.webhooks.models import WebhookEndpoint
 
 S = EffectStatus
@@ -49,14 +50,22 @@ _ACCOUNTED_LISTENERS = frozenset(
     {
         # acts only on CANCELLED / EXPIRED / REJECTED-before-dispatch: never here
         "gateway.capabilities.capability_release_unsent",
-        # record: only when the tenant has no enabled endpoint; claim: DISPATCHING announces
-        # nothing
+        # record: only when no enabled endpoint of the tenant subscribes to the outcome's
+        # event (ANNOUNCED); claim: DISPATCHING announces nothing
         "gateway.webhooks.apps.announce_transition",
         # both statements require c.saga_id = ''
         "sagas.listeners.advance_after_transition",
     }
 )
 _ACCOUNTED_HOLDS = frozenset({"frozen saga"})  # the claim requires c.saga_id = ''
+
+# The webhook event each outcome of a dispatch announces (``webhooks.choices.EVENT_FOR_STATUS``;
+# from DISPATCHING no approval event can fire), as the records bind it: a record writes on
+# its own only if no enabled endpoint of the tenant subscribes to its outcome's event, since
+# ``webhooks.services.outbox_record`` would write nothing then either. An endpoint that hears
+# of it (whatever its principal and run filters) sends the record the general way, which
+# writes the outbox rows in the same transaction.
+ANNOUNCED = json.dumps({str(status): str(event) for status, event in EVENT_FOR_STATUS.items()})
 
 
 def _listener_name(listener: Any) -> str:
@@ -607,7 +616,8 @@ WITH recorded AS (
      WHERE e.effect_id = %(id)s AND e.status = 'DISPATCHING' AND e.fence = %(fence)s
        AND c.effect_id = e.effect_id AND c.compensates_id IS NULL AND c.saga_id = ''
        AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
-                        WHERE w.tenant_id = e.tenant_id AND w.enabled)
+                        WHERE w.tenant_id = e.tenant_id AND w.enabled
+                          AND w.event_types ? (%(announced)s::jsonb ->> %(to)s))
     RETURNING e.effect_id, e.tenant_id, c.provider, c.payload_digest AS command_digest
 ), ev AS (
     INSERT INTO gateway_effectevent (
@@ -680,6 +690,7 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
         "result_digest": sha256_digest(operation.result) if operation else None,
     }
     params["seal"] = _receipt_seal(claim, params) if operation else ""
+    params["announced"] = ANNOUNCED
     row = prepared.fetchone(_RECORD, params)
     assert row is not None  # count(*): one row
     return row[0] == 1

@@ -37,6 +37,7 @@ from django.utils import timezone
 from gateway.checkpoints import ReceiptFields, receipt_seal
 from gateway.choices import OUTCOME_STATUS
 from gateway.fastpath import (
+    ANNOUNCED,
     CLAIM_RETURNING,
     FastClaim,
     _compact,
@@ -180,7 +181,8 @@ WITH o AS (
      WHERE e.effect_id = ANY(%(ids)s::text[]) AND e.effect_id = o.effect_id
        AND e.status = 'DISPATCHING' AND e.fence = o.fence
        AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
-                        WHERE w.tenant_id = e.tenant_id AND w.enabled)
+                        WHERE w.tenant_id = e.tenant_id AND w.enabled
+                          AND w.event_types ? (%(announced)s::jsonb ->> o.to_status))
     RETURNING e.effect_id, e.tenant_id
 ), ev AS (
     INSERT INTO gateway_effectevent (
@@ -221,7 +223,8 @@ class Answer:
 
 def record_batch(*, answers: list[Answer], worker: str, now: datetime) -> set[str]:
     """Write each outcome at its claim's fence, in one statement. Returns the effects written;
-    the others need the general record (stale, or a tenant's webhook endpoint). Pass no
+    the others need the general record (stale, or a webhook endpoint of the tenant that hears
+    of the outcome). Pass no
     compensation (``claim.compensates``): its record settles the original, the general way."""
     assert not any(answer.claim.compensates for answer in answers)
     params = {
@@ -229,6 +232,7 @@ def record_batch(*, answers: list[Answer], worker: str, now: datetime) -> set[st
         "ids": [answer.claim.effect_id for answer in answers],
         "now": now,
         "actor": f"worker:{worker}",
+        "announced": ANNOUNCED,  # an endpoint that hears of the outcome: the general record
     }
     return {effect_id for (effect_id,) in _execute(_RECORD_BATCH, params)}
 

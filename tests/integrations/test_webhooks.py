@@ -213,6 +213,37 @@ def test_an_endpoint_hears_only_its_event_types(
     assert receiver.deliveries == []
 
 
+def test_an_endpoint_that_does_not_hear_of_the_outcome_leaves_the_record_one_statement(
+    operator, agent, ticket_body, sandbox, receiver
+):
+    """An enabled endpoint that hears only of UNKNOWN effects: a confirmation is recorded by
+    the one-statement record (nothing for the outbox to write), an UNKNOWN outcome the
+    general way, with its message."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    operator.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": receiver.url, "event_types": ["effect.unknown"]},
+        format="json",
+    )
+    confirmed = agent.submit(ticket_body, "heard-of-nothing").json()["effect_id"]
+    with CaptureQueriesContext(connection) as statements:
+        assert services.effect_dispatch(effect_id=confirmed, worker="test")
+    assert Effect.objects.get(pk=confirmed).status == "CONFIRMED"
+    assert len(statements.captured_queries) == 2  # the claim and the record
+    assert WebhookMessage.objects.count() == 0
+
+    sandbox.add_fault("commit_then_drop", times=1)
+    unknown = agent.submit(
+        {**ticket_body, "payload": {**ticket_body["payload"], "title": "dropped"}}, "heard"
+    ).json()["effect_id"]
+    services.effect_dispatch(effect_id=unknown, worker="test")
+    assert Effect.objects.get(pk=unknown).status == "UNKNOWN"
+    messages = list(WebhookMessage.objects.values_list("effect_id", "event_type"))
+    assert messages == [(unknown, "effect.unknown")]
+
+
 def test_a_rolled_back_change_writes_no_message(
     agent, approver, refund_body, receiver, webhook_endpoint
 ):

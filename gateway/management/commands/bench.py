@@ -203,6 +203,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
         parser.add_argument(
+            "--webhook-endpoint",
+            action="store_true",
+            help="each tenant has an enabled webhook endpoint (subscribed to an event the run "
+            "never fires, so nothing is delivered): what an endpoint costs the record path",
+        )
+        parser.add_argument(
             "--budget-count",
             type=int,
             default=0,
@@ -231,6 +237,9 @@ class Command(BaseCommand):
         self.run_id = run
         tenants = [f"bench{n}" if n else "bench" for n in range(options["tenants"])]
         tokens = [self._token(tenant, run) for tenant in tenants]
+        if options["webhook_endpoint"]:
+            for tenant in tenants:
+                self._endpoint(tenant, run)
         base_port = options["port"]
         self.sandbox = SandboxServer(
             SandboxProvider(), port=base_port + 9 if base_port else 0
@@ -300,6 +309,29 @@ class Command(BaseCommand):
             **grant,
         )
         return out.getvalue().strip().splitlines()[-1]
+
+    def _endpoint(self, tenant: str, run: str) -> None:
+        """An enabled endpoint of ``tenant`` that hears of nothing the run does."""
+        from io import StringIO
+
+        from gateway.models import Principal
+        from gateway.webhooks.choices import EventType
+        from gateway.webhooks.services import endpoint_create
+
+        call_command(
+            "issue_token",
+            tenant=tenant,
+            principal=f"ops-{run}",
+            role="operator",
+            stdout=StringIO(),
+        )
+        operator = Principal.objects.get(tenant__slug=tenant, name=f"ops-{run}")
+        endpoint_create(
+            principal=operator,
+            url="http://127.0.0.1:9/never",
+            event_types=[EventType.COMPENSATION_FAILED],
+            description="bench: an endpoint the run never calls",
+        )
 
     def _start(self, run: str, ports: list[int], urls: dict) -> list[subprocess.Popen]:
         options = self.options
@@ -595,6 +627,7 @@ class Command(BaseCommand):
             f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, "
             f"tenants {o['tenants']}"
             + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
+            + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
         )
 
