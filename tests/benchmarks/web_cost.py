@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--budget", action="store_true", help="under a grant with a budget")
     parser.add_argument("--replay", action="store_true", help="one key, replayed")
     parser.add_argument("--profile", action="store_true", help="one round under cProfile")
+    parser.add_argument("--sort", default="cumulative", help="the profile's order (tottime, …)")
     options = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
@@ -105,7 +106,7 @@ def main() -> None:
         for index in range(n):
             submit(index)
         profile.disable()
-        pstats.Stats(profile).sort_stats("cumulative").print_stats(50)
+        pstats.Stats(profile).sort_stats(options.sort).print_stats(50)
     else:
         for round_ in range(3):
             cpu, wall = time.process_time(), time.perf_counter()

@@ -23,7 +23,10 @@ transactions and round trips of one submission and one dispatch.
 The machine is shared and noisy: floor and product alternate within each round so that both
 see the same noise, and the load average is printed with every line. Each round starts with a
 ``VACUUM (ANALYZE)`` of the database, outside the timed passes: autovacuum's work in a real
-deployment, which the shared development server does not run.
+deployment, which the shared development server does not run. For the same reason, on a server
+without autovacuum a stand-in (gateway.lib.autovacuum) analyzes and vacuums the tables during
+the product's passes at autovacuum's thresholds, on a connection whose CPU counts as the
+product's PostgreSQL time (``--no-autovacuum`` leaves it out).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from django.utils import timezone
 
 from gateway.choices import SETTLED, EffectStatus
 from gateway.lib import benchclient
+from gateway.lib.autovacuum import AutovacuumStandIn
 from gateway.models import Effect, EffectEvent
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
@@ -180,6 +184,13 @@ class Command(BaseCommand):
             help="effects per pass (default: 50 × c, ≥ 1000; --quick: 4 × c, ≥ 16)",
         )
         parser.add_argument("--quick", action="store_true", help="one round, small passes")
+        parser.add_argument(
+            "--no-autovacuum",
+            action="store_true",
+            help="on a server without autovacuum, run no stand-in for it during the product's "
+            "passes (the prepared claim then keeps the plan of an empty ledger: "
+            "gateway/lib/autovacuum.py)",
+        )
         parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--web-threads", type=int, default=3)
@@ -262,6 +273,7 @@ class Command(BaseCommand):
         self.bases = [f"http://127.0.0.1:{port}" for port in ports]
         self.base = self.bases[0]
         self.children = self._start(run, ports, urls)
+        self.autovacuum = self._autovacuum(dsn)
         results: dict[int, list[dict]] = {}
         try:
             self._wait_ready()
@@ -288,6 +300,12 @@ class Command(BaseCommand):
             self._summary(results, replay)
         finally:
             self._stop()
+            if self.autovacuum is not None:
+                self.autovacuum.stop()
+                self.stdout.write(
+                    f"autovacuum stand-in: {len(self.autovacuum.runs)} ANALYZE/VACUUM during "
+                    "the product's passes"
+                )
         self._round_trips(tokens[0], run)
         self.sandbox.stop()
 
@@ -427,6 +445,17 @@ class Command(BaseCommand):
             "bench": [os.getpid()],
         }
 
+    def _autovacuum(self, dsn: str) -> AutovacuumStandIn | None:
+        """The stand-in for autovacuum (module doc), on a server that does not run it."""
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            running = cursor.fetchone()[0] == "on"
+        if running or self.options["no_autovacuum"]:
+            self.autovacuum_mode = "the server's" if running else "none"
+            return None
+        self.autovacuum_mode = "a stand-in during the product's passes"
+        return AutovacuumStandIn(dsn).start()
+
     def _vacuum(self) -> None:
         """What autovacuum does in production, between rounds and outside the timed passes:
         the shared development server runs without it, and the dead rows of earlier passes
@@ -465,6 +494,8 @@ class Command(BaseCommand):
         commits_before = self._commits()
         before, load = CpuGroups.take(pids), os.getloadavg()[0]
         started = time.perf_counter()
+        if self.autovacuum is not None:
+            self.autovacuum.resume()
         # The client in a process of its own, as the floor's is (gateway.lib.benchclient).
         arguments = {
             "bases": self.bases, "tokens": tokens, "body": BODY,
@@ -480,6 +511,8 @@ class Command(BaseCommand):
             if not Effect.objects.filter(pk__in=ids).exclude(status__in=SETTLED).exists():
                 break
             time.sleep(0.02)
+        if self.autovacuum is not None:
+            self.autovacuum.pause()
         # Listed again: a backend or a worker child born during the pass counts from birth.
         cpu = CpuGroups.take(self._pids()).spent_since(before)
         commits = self._commits() - commits_before
@@ -629,6 +662,7 @@ class Command(BaseCommand):
             + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
             + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+            + f"; autovacuum: {self.autovacuum_mode}"
         )
 
     def _line(self, c: int, r: int, row: dict) -> None:
