@@ -5,7 +5,8 @@ its own (autocommit: no BEGIN, no COMMIT round trip, no transaction open across 
 
 1. **submit**: one CTE inserts the command, the effect and the ``submitted`` event, or — when
    the (tenant, key) already exists — returns the existing command and effect with its latest
-   receipt, so that a replay is one query and writes nothing;
+   receipt, so that a replay is one query and writes nothing (a key this process has seen is
+   read with the SELECT half alone: ``KnownKeys``);
 2. **claim**: one CTE locks the effect, moves it PREPARED/NOT_STARTED → DISPATCHING at
    ``fence + 1`` *only if* every dispatch check holds (not frozen, command not expired,
    attempts left, principal not frozen, type not frozen, grant live, approval fresh, no saga),
@@ -22,6 +23,8 @@ are the general path's; this module only folds them into the WHERE clauses. Post
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -287,6 +290,67 @@ WITH {_EXISTING}
 """)
 
 
+# A replay of a key this process has seen: the existing effect alone, without the insert's
+# half (the statement above plans and initialises every CTE of the insert, and the caller
+# seals and redacts a payload it will not write).
+_REPLAY = _compact(f"""
+WITH {_EXISTING}
+) SELECT false, existing.* FROM existing
+""")
+
+
+class KnownKeys:
+    """The (tenant, idempotency key) pairs this process has written or replayed, newest last,
+    at most ``size`` (``GATEWAY_REPLAY_MEMO``; 0 keeps none).
+
+    A key, once committed, names the same command for ever (commands are never deleted and
+    their key never changes), so "this key exists" stays true; the memo only decides which
+    statement a submission tries first. A known key is read with the one SELECT of
+    ``_REPLAY``; if that finds nothing (a row this process saw in a transaction that was rolled
+    back), the submission statement runs as if the key were unknown. Either way the answer is
+    the database's: the memo can cost one SELECT, never a wrong answer."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: OrderedDict[tuple[int, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, item: tuple[int, str]) -> bool:
+        return item in self._keys  # a dict read: atomic under the GIL
+
+    def add(self, item: tuple[int, str]) -> None:
+        if self.size <= 0:
+            return
+        with self._lock:
+            self._keys[item] = None
+            self._keys.move_to_end(item)
+            while len(self._keys) > self.size:
+                self._keys.popitem(last=False)
+
+    def discard(self, item: tuple[int, str]) -> None:
+        with self._lock:
+            self._keys.pop(item, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+
+known_keys = KnownKeys(settings.GATEWAY_REPLAY_MEMO)
+
+
+def replay(*, principal: Principal, idempotency_key: str) -> Effect | None:
+    """The effect ``idempotency_key`` names in the principal's tenant, read as the submission
+    statement reads it for a replay (one query, nothing written); None if there is none."""
+    item = (principal.tenant_id, idempotency_key)
+    row = prepared.fetchone(_REPLAY, {"tenant": principal.tenant_id, "key": idempotency_key})
+    if row is None:
+        known_keys.discard(item)
+        return None
+    known_keys.add(item)
+    return _existing_from_row(row[1:], principal)
+
+
 @dataclass(frozen=True)
 class Written:
     """The effect as the submission statement wrote or found it, ready to answer with."""
@@ -387,6 +451,7 @@ def submit(
         row = prepared.fetchone(_SUBMIT_OR_EXISTING, params)
     if row is None:
         return None
+    known_keys.add((principal.tenant_id, idempotency_key))
     if not row[0]:
         return Written(_existing_from_row(row[1:], principal), created=False)
     alias = connection.alias

@@ -281,6 +281,12 @@ def _submit_fast(principal, contract, key, digest, resource, payload, intent, co
     """The one-statement submission (gateway.fastpath), for a command that belongs to no saga
     and compensates nothing; a budget is reserved in the same statement. None when the
     general path must decide."""
+    if (principal.tenant_id, key) in fastpath.known_keys:
+        # A replay, most likely (an agent retrying): one SELECT, no seal, no insert attempt.
+        existing = fastpath.replay(principal=principal, idempotency_key=key)
+        if existing is not None:
+            _check_replay_digest(existing.command, key, digest)
+            return Submission(existing, created=False)
     if len(hooks.effect_created) and contract.requires_approval(payload):
         # A command that waits for an approver is announced (hooks.effect_created) in the
         # transaction that writes it, which is the general path's; the wait is human anyway.

@@ -342,6 +342,10 @@ GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
 # The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the
 # general path for every effect (same rules, more round trips).
 GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
+# Idempotency keys a web process remembers having written or replayed (gateway.fastpath
+# KnownKeys): a resubmission of one is read with one SELECT instead of the insert statement.
+# A hint only (the database answers); 0 remembers none.
+GATEWAY_REPLAY_MEMO = env_int("GATEWAY_REPLAY_MEMO", 10_000)
 # Seconds a provider connection is kept alive between calls (0: a new connection per call).
 GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)

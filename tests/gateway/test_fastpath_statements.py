@@ -12,7 +12,7 @@ from gateway import fastpath
 
 
 @pytest.mark.parametrize(
-    "name", ["_SUBMIT_OR_EXISTING", "_SUBMIT_RESERVING_OR_EXISTING", "_CLAIM", "_RECORD"]
+    "name", ["_SUBMIT_OR_EXISTING", "_SUBMIT_RESERVING_OR_EXISTING", "_REPLAY", "_CLAIM", "_RECORD"]
 )
 def test_hot_statements_fit_psycopgs_parse_cache(name):
     statement = getattr(fastpath, name)
