@@ -79,18 +79,44 @@ def submit(conn: Connection, token: str, key: str, body: dict) -> tuple[int, byt
 
 
 def run(
-    bases: list[str], tokens: list[str], body: dict, prefix: str, concurrency: int, count: int
+    bases: list[str],
+    tokens: list[str],
+    body: dict,
+    prefix: str,
+    concurrency: int,
+    count: int,
+    rate: float = 0,
 ) -> dict:
+    """``count`` submissions from ``concurrency`` threads.
+
+    With ``rate`` 0 each thread sends its next submission as soon as the last is answered (a
+    closed loop: the product's throughput). With ``rate`` > 0 the submissions are offered at
+    that many a second in all, submission ``i`` due at ``i / rate`` seconds after the start
+    (an open loop: latency under a given load). Its latency then counts from when it was due,
+    not from when a thread was free to send it, so that a server that falls behind shows it
+    (no coordinated omission); ``late`` counts the submissions no thread was free to send on
+    time."""
     local = threading.local()
     submitted: list[float] = []
     wrong: list[int] = []
+    late: list[int] = []
     ids: list[str | None] = [None] * count
+    start = time.perf_counter() + 0.05  # every thread started before the first is due
 
     def one(index: int) -> None:
         conns = getattr(local, "conns", None)
         if conns is None:
             conns = local.conns = {base: Connection(base) for base in bases}
-        started = time.perf_counter()
+        if rate > 0:
+            due = start + index / rate
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            elif wait < -0.001:
+                late.append(index)
+            started = due
+        else:
+            started = time.perf_counter()
         status, content = submit(
             conns[bases[index % len(bases)]],
             tokens[index % len(tokens)],
@@ -113,6 +139,7 @@ def run(
         "ids": [effect_id for effect_id in ids if effect_id],
         "submit": submitted,
         "wrong": wrong,
+        "late": len(late),
         "cpu": ((after.user + after.system) - (before.user + before.system)) / count,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -101,3 +102,63 @@ def test_the_client_sends_again_on_a_connection_the_server_closed():
         server.server_close()
     assert [status for status, _ in answers] == [201, 201, 201]
     assert _ClosingHandler.seen == [0, 1, 2]  # each request reached the server once
+
+
+class _SlowHandler(BaseHTTPRequestHandler):
+    """A kept-alive server that takes ``delay`` seconds to answer each submission and notes
+    when each one arrived."""
+
+    protocol_version = "HTTP/1.1"
+    delay = 0.0
+    arrivals: list[float] = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.arrivals.append(time.perf_counter())
+        time.sleep(self.delay)
+        body = json.dumps({"effect_id": f"eff_{len(self.arrivals)}"}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _paced(rate: float, count: int, concurrency: int, delay: float) -> tuple[dict, list[float]]:
+    _SlowHandler.delay, _SlowHandler.arrivals = delay, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = benchclient.run(
+            bases=[f"http://127.0.0.1:{server.server_port}"],
+            tokens=["t"],
+            body={},
+            prefix="paced",
+            concurrency=concurrency,
+            count=count,
+            rate=rate,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    return result, sorted(_SlowHandler.arrivals)
+
+
+def test_the_paced_client_offers_submissions_at_its_rate():
+    result, arrivals = _paced(rate=50, count=25, concurrency=4, delay=0.001)
+    assert len(result["ids"]) == 25 and result["late"] == 0
+    # 25 submissions due every 20 ms: the last arrives about 480 ms after the first, where a
+    # closed loop of four threads would have sent them all within a few milliseconds.
+    assert 0.4 < arrivals[-1] - arrivals[0] < 1.0
+    assert max(result["submit"]) < 0.2
+
+
+def test_the_paced_client_counts_latency_from_when_a_submission_was_due():
+    # One thread, a server that takes 50 ms, submissions due every 10 ms: each waits behind
+    # the ones before it, and its latency says so (no coordinated omission).
+    result, _ = _paced(rate=100, count=10, concurrency=1, delay=0.05)
+    assert result["late"] >= 8
+    assert max(result["submit"]) > 0.4  # the tenth was due at 90 ms and answered near 500 ms

@@ -185,6 +185,16 @@ class Command(BaseCommand):
         )
         parser.add_argument("--quick", action="store_true", help="one round, small passes")
         parser.add_argument(
+            "--paced",
+            type=float,
+            default=0.0,
+            metavar="FRACTION",
+            help="after each concurrency's rounds, one more product pass whose submissions are "
+            "offered at FRACTION of the throughput just measured (an open loop, e.g. 0.5): "
+            "latency under a load the machine carries, where a closed loop at saturation "
+            "measures its queue (c ÷ throughput)",
+        )
+        parser.add_argument(
             "--no-autovacuum",
             action="store_true",
             help="on a server without autovacuum, run no stand-in for it during the product's "
@@ -275,6 +285,7 @@ class Command(BaseCommand):
         self.children = self._start(run, ports, urls)
         self.autovacuum = self._autovacuum(dsn)
         results: dict[int, list[dict]] = {}
+        paced: dict[int, dict] = {}
         try:
             self._wait_ready()
             self._header(run, levels, rounds)
@@ -295,9 +306,16 @@ class Command(BaseCommand):
                     row = {"floor": floor, "strict": strict, "product": product}
                     results.setdefault(c, []).append(row)
                     self._line(c, r, row)
+                if options["paced"] > 0:
+                    rate = options["paced"] * median([x["product"]["rate"] for x in results[c]])
+                    self._vacuum()
+                    paced[c] = self._product_pass(c, n, tokens, f"paced:{run}:{c}", rate=rate)
+                    self._paced_line(c, paced[c])
             first = results[levels[0]][0]["product"]["n"]
             replay = self._replay(tokens, f"bench:{run}:{levels[0]}:0", min(25, first))
             self._summary(results, replay)
+            if paced:
+                self._paced_summary(paced)
         finally:
             self._stop()
             if self.autovacuum is not None:
@@ -488,8 +506,17 @@ class Command(BaseCommand):
         return result
 
     def _product_pass(
-        self, c: int, n: int, tokens: list[str], prefix: str, *, quiet: bool = False
+        self,
+        c: int,
+        n: int,
+        tokens: list[str],
+        prefix: str,
+        *,
+        rate: float = 0,
+        quiet: bool = False,
     ) -> dict:
+        """One product pass; ``rate`` > 0 offers the submissions at that rate (an open loop,
+        gateway.lib.benchclient) instead of as fast as they are answered."""
         pids = self._pids()
         commits_before = self._commits()
         before, load = CpuGroups.take(pids), os.getloadavg()[0]
@@ -499,7 +526,7 @@ class Command(BaseCommand):
         # The client in a process of its own, as the floor's is (gateway.lib.benchclient).
         arguments = {
             "bases": self.bases, "tokens": tokens, "body": BODY,
-            "prefix": prefix, "concurrency": c, "count": n,
+            "prefix": prefix, "concurrency": c, "count": n, "rate": rate,
         }  # fmt: skip
         client = _run_process("gateway.lib.benchclient", arguments, "the client")
         ids: list[str] = client["ids"]
@@ -538,6 +565,8 @@ class Command(BaseCommand):
                 "client": client["cpu"] * 1000,
             },
             "commits": commits / n,
+            "offered": rate,
+            "late": client.get("late", 0),
             "load": max(load, os.getloadavg()[0]),
             "dups": self._duplicates(prefix, n, ids=ids),
             "seal": self._seal_lag(ids),
@@ -693,6 +722,36 @@ class Command(BaseCommand):
             )
         dups = [floor["dups"], *([strict["dups"]] if strict else []), product["dups"]]
         self.stdout.write(f"{line}; dups {'/'.join(map(str, dups))}; load {product['load']:.2f}")
+
+    def _paced_line(self, c: int, p: dict) -> None:
+        cpu = p["cpu"]
+        self.stdout.write(
+            f"  c={c:<3} paced: offered {p['offered']:6.1f}/s, confirmed {p['rate']:6.1f}/s "
+            f"({p['ok']}/{p['n']}, late {p['late']}, wrong {len(p['wrong'])})  submit p50/p99 "
+            f"{percentile(p['submit'], 50) * 1000:.1f} / {percentile(p['submit'], 99) * 1000:.1f}"
+            f" ms  e2e p50/p99 {percentile(p['e2e'], 50) * 1000:.0f} / "
+            f"{percentile(p['e2e'], 99) * 1000:.0f} ms  CPU ms/effect "
+            f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f}; dups {p['dups']}; "
+            f"load {p['load']:.2f}"
+        )
+
+    def _paced_summary(self, paced: dict[int, dict]) -> None:
+        self.stdout.write("")
+        self.stdout.write(
+            "| c | offered/s (paced) | confirmed/s | late | submit p50/p99 ms | e2e p50/p99 ms | "
+            "CPU ms/effect web+worker+pg | dups | load |"
+        )
+        self.stdout.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c, p in paced.items():
+            cpu = p["cpu"]
+            self.stdout.write(
+                f"| {c} | {p['offered']:.0f} | {p['rate']:.1f} | {p['late']} | "
+                f"{percentile(p['submit'], 50) * 1000:.1f} / "
+                f"{percentile(p['submit'], 99) * 1000:.1f} | "
+                f"{percentile(p['e2e'], 50) * 1000:.0f} / {percentile(p['e2e'], 99) * 1000:.0f} | "
+                f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f} = "
+                f"{cpu['web'] + cpu['worker'] + cpu['pg']:.1f} | {p['dups']} | {p['load']:.2f} |"
+            )
 
     def _summary(self, results: dict[int, list[dict]], replay: list[float]) -> None:
         self.stdout.write("")
