@@ -57,8 +57,12 @@ def _drain_on_start(sender, **kwargs) -> None:
     (``GATEWAY_REDELIVER_AFTER``). A restarted worker now claims it at once. A broker that
     is down is logged: the sweeper still sends."""
     from gateway import dispatcher
+    from gateway.lib.gcfreeze import freeze_startup_objects
 
-    if app.conf.task_always_eager or not _drains_here():
+    if app.conf.task_always_eager:
+        return
+    freeze_startup_objects()  # what the worker loaded, out of the collector's passes
+    if not _drains_here():
         return
     if not _prefork(sender):
         dispatcher.start_drainers(app.conf.task_default_queue)
@@ -74,8 +78,12 @@ def _drain_on_start(sender, **kwargs) -> None:
 def _drainers_in_child(**kwargs) -> None:
     """A prefork child runs drainers of its own (connections born in it, never a parent's)."""
     from gateway import dispatcher
+    from gateway.lib.gcfreeze import freeze_startup_objects
 
-    if not app.conf.task_always_eager and _drains_here():
+    if app.conf.task_always_eager:
+        return
+    freeze_startup_objects()  # what it inherited and loaded: untouched by its collections
+    if _drains_here():
         dispatcher.start_drainers(app.conf.task_default_queue)
 
 
