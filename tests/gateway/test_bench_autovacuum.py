@@ -21,7 +21,11 @@ pytestmark = pytest.mark.usefixtures("transactional_db")
 def table():
     name = f"av_probe_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(_dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text)")
+        # Out of the server's own autovacuum (the embedded server runs it): only the stand-in
+        # may analyze or vacuum this table while a test watches.
+        conn.execute(
+            f"CREATE TABLE {name} (id int PRIMARY KEY, note text) WITH (autovacuum_enabled = false)"
+        )
     yield name
     with psycopg.connect(_dsn(), autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {name}")
