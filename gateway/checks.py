@@ -42,3 +42,36 @@ def app_role_must_not_own_the_ledger(app_configs=None, databases=None, **kwargs)
             id="gateway.W001",
         )
     ]
+
+
+@register(Tags.database, Tags.compatibility, deploy=True)
+def statistics_must_follow_the_ledger(app_configs=None, databases=None, **kwargs):
+    """The hot statements are prepared and run with the generic plan made from the tables'
+    statistics (settings.GATEWAY_DB_GENERIC_PLANS); without autovacuum nothing refreshes
+    them, and a plan made on a small ledger keeps reading whole tables as it grows: the
+    drainer's claim hash-joined every command ever written, at half the throughput, in an
+    8,000-effect benchmark pass (docs/operations.md, "Statistics")."""
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('autovacuum') = 'on' "
+                "AND current_setting('track_counts') = 'on'"
+            )
+            (running,) = cursor.fetchone()
+    except DatabaseError:
+        return []  # no database (yet)
+    if running:
+        return []
+    return [
+        Warning(
+            "PostgreSQL runs without autovacuum (or without track_counts): nothing analyzes "
+            "the ledger's tables as they grow, and the prepared claim, submission and record "
+            "keep the plans of the size they had when each connection first ran them.",
+            hint="Turn autovacuum on (PostgreSQL's default), or run ANALYZE on a schedule; "
+            "see docs/operations.md, 'Statistics'.",
+            id="gateway.W002",
+        )
+    ]

@@ -217,3 +217,15 @@ def test_an_edited_receipt_is_reported(agent, sandbox):
 def test_check_deploy_warns_when_the_app_role_can_disable_triggers(capsys):
     call_command("check", "--deploy")
     assert "gateway.W001" in capsys.readouterr().err
+
+
+def test_check_deploy_warns_when_nothing_analyzes_the_ledger(capsys):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')")
+        (autovacuum,) = cursor.fetchone()
+    call_command("check", "--deploy", "--database", "default")
+    err = capsys.readouterr().err
+    # The machine's shared server runs without it, the embedded test server with it.
+    assert ("gateway.W002" in err) == (autovacuum == "off"), (autovacuum, err)
