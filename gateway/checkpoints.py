@@ -44,6 +44,7 @@ from django.utils import timezone
 
 from gateway import audit
 from gateway.lib.digest import canonical_json
+from gateway.lib.secretfile import read_or_create
 from gateway.models import AuditBatch, AuditChainHead, Effect, EffectEvent, Receipt, Tenant
 
 VERSION = 1
@@ -54,12 +55,7 @@ VERSION = 1
 
 def _development_seed() -> bytes:
     path = settings.VAR_DIR / "audit_signing.key"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(base64.b64encode(os.urandom(32)).decode())
-    return base64.b64decode(path.read_text().strip())
+    return base64.b64decode(read_or_create(path, lambda: base64.b64encode(os.urandom(32)).decode()))
 
 
 @cache

@@ -310,6 +310,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_DB_REUSE_MAX = env_int("GATEWAY_CELERY_DB_REUSE_MAX", 1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Seconds a prefork child has to report alive before the worker gives up with "Could not
+# start worker processes" (Celery's default: 4). On a saturated host that is too short; the
+# test suite, which runs real workers beside two pytest processes on two cores, gives 30.
+CELERY_WORKER_PROC_ALIVE_TIMEOUT = env_number("GATEWAY_WORKER_PROC_ALIVE_TIMEOUT", 4)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"

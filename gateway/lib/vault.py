@@ -35,6 +35,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway.lib.secretfile import read_or_create
+
 __all__ = ["InvalidToken", "open_bound", "open_json", "seal_bound", "seal_json"]
 
 BOUND_PREFIX = "g1:"
@@ -45,12 +47,7 @@ def _development_key(path: Path) -> str:
     """The development key under ``var/``, read once per process: every seal and opening
     asked for it, and reading the file was two thirds of a seal's cost. Nothing rewrites it
     (a rotation puts keys in GATEWAY_VAULT_KEY)."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(Fernet.generate_key().decode())
-    return path.read_text().strip()
+    return read_or_create(path, lambda: Fernet.generate_key().decode())
 
 
 # (VAR_DIR as last read, its development key): building ``VAR_DIR / "vault.key"`` and hashing

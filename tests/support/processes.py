@@ -81,7 +81,8 @@ class Celery:
             cwd=ROOT,
             stdout=self.handle,
             stderr=subprocess.STDOUT,
-            env=child_env(GATEWAY_TASK_QUEUE=queue, **env),
+            # A pool's children start slowly beside two pytest processes on two cores.
+            env=child_env(GATEWAY_TASK_QUEUE=queue, GATEWAY_WORKER_PROC_ALIVE_TIMEOUT="30", **env),
             start_new_session=True,
         )
 
