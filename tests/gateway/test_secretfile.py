@@ -5,32 +5,69 @@ of them fail with FileExistsError, its effect left DISPATCHING until its lease r
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
-from pathlib import Path
+import subprocess
+import sys
+
+from django.conf import settings
 
 from gateway.lib import secretfile
 
+# Each racer is a process of its own, as gunicorn's and a prefork pool's are. It says it is
+# ready, waits until all are, then asks for the secrets at once.
+_RACER = """
+import json, os, sys, time
+var, racers, me = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ["GATEWAY_VAR_DIR"] = var
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+import django
+django.setup()
+from django.conf import settings
+from gateway import checkpoints
+from gateway.lib import vault
+gate = os.path.join(os.path.dirname(var), "gate")
+open(os.path.join(gate, me), "w").close()
+deadline = time.monotonic() + 60
+while len(os.listdir(gate)) < racers and time.monotonic() < deadline:
+    pass
+seed = checkpoints._development_seed().hex()
+key = vault._development_key(settings.VAR_DIR / "vault.key")
+print(json.dumps([seed, key]))
+"""
 
-def _race(path: str, barrier, results) -> None:
-    barrier.wait()
-    results.put(secretfile.read_or_create(Path(path), lambda: os.urandom(8).hex()))
+
+def _race(tmp_path, racers: int = 6) -> list[list[str]]:
+    var = tmp_path / "var"
+    (tmp_path / "gate").mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "GATEWAY_VAR_DIR"}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(var), str(racers), str(n)],
+            cwd=settings.BASE_DIR,
+            env={**env, "PYTHONWARNINGS": "ignore"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(racers)
+    ]
+    answers = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-2000:]
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    return answers
 
 
-def test_processes_that_start_together_agree_on_one_secret(tmp_path):
-    path = tmp_path / "var" / "dev.key"
-    context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(8), context.Queue()
-    racers = [context.Process(target=_race, args=(str(path), barrier, results)) for _ in range(8)]
-    for racer in racers:
-        racer.start()
-    for racer in racers:
-        racer.join(30)
-    assert [racer.exitcode for racer in racers] == [0] * 8  # none raised
-    secrets = {results.get(timeout=5) for _ in racers}
-    assert len(secrets) == 1 and secrets == {path.read_text()}
-    assert oct(path.stat().st_mode & 0o777) == "0o600"
-    assert os.listdir(path.parent) == ["dev.key"]  # no temporary file left behind
+def test_processes_that_start_together_make_one_seed_and_one_key(tmp_path):
+    answers = _race(tmp_path)
+    assert len({tuple(answer) for answer in answers}) == 1, answers
+    seed, key = answers[0]
+    assert len(bytes.fromhex(seed)) == 32 and len(key) == 44
+    var = tmp_path / "var"
+    assert sorted(os.listdir(var)) == ["audit_signing.key", "vault.key"]  # no temporary left
+    assert oct((var / "vault.key").stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_process_that_loses_the_race_reads_the_winners_secret(tmp_path, monkeypatch):
@@ -51,32 +88,3 @@ def test_an_existing_secret_is_read_not_replaced(tmp_path):
     path.write_text("kept\n")
     assert secretfile.read_or_create(path, lambda: "new") == "kept"
     assert path.read_text() == "kept\n"
-
-
-def _seed_race(barrier, results) -> None:
-    from gateway import checkpoints
-    from gateway.lib import vault
-
-    barrier.wait()
-    seed = checkpoints._development_seed()
-    key = vault._development_key(checkpoints.settings.VAR_DIR / "vault.key")
-    results.put((seed, key))
-
-
-def test_the_audit_seed_and_the_vault_key_are_made_once_by_racing_processes(settings, tmp_path):
-    from gateway.lib import vault
-
-    settings.VAR_DIR = tmp_path / "fresh-var"
-    vault._development_key.cache_clear()
-    context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(8), context.Queue()
-    racers = [context.Process(target=_seed_race, args=(barrier, results)) for _ in range(8)]
-    for racer in racers:
-        racer.start()
-    for racer in racers:
-        racer.join(30)
-    assert [racer.exitcode for racer in racers] == [0] * 8
-    answers = {results.get(timeout=5) for _ in racers}
-    assert len(answers) == 1
-    ((seed, key),) = answers
-    assert len(seed) == 32 and len(key) == 44
