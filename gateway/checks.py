@@ -8,27 +8,33 @@ from django.db import DatabaseError, connections
 LEDGER_TABLE = "gateway_effectevent"
 
 
+def _postgres_row(sql: str, params: list | None = None) -> tuple | None:
+    """The first row of ``sql`` on the default database; None when that is not PostgreSQL or
+    cannot be reached (a check run before the database exists says nothing)."""
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    except DatabaseError:
+        return None
+
+
 @register(Tags.security, deploy=True)
 def app_role_must_not_own_the_ledger(app_configs=None, databases=None, **kwargs):
     """The append-only triggers bind only roles that do not own the tables: an owner (or a
     superuser) can disable or drop them. So the app must connect as a role that neither owns
     the ledger tables nor is a superuser (docs/security.md, "Database roles")."""
-    connection = connections["default"]
-    if connection.vendor != "postgresql":
-        return []
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_has_role(current_user, c.relowner, 'USAGE'), r.rolsuper "
-                "FROM pg_class c, pg_roles r "
-                "WHERE c.oid = %s::regclass AND r.rolname = current_user",
-                [LEDGER_TABLE],
-            )
-            row = cursor.fetchone()
-    except DatabaseError:
-        return []  # no database (yet): nothing to say about its roles
+    row = _postgres_row(
+        "SELECT pg_has_role(current_user, c.relowner, 'USAGE'), r.rolsuper "
+        "FROM pg_class c, pg_roles r "
+        "WHERE c.oid = %s::regclass AND r.rolname = current_user",
+        [LEDGER_TABLE],
+    )
     if row is None:
-        return []
+        return []  # no database (yet), or not PostgreSQL: nothing to say about its roles
     owns, superuser = row
     if not (owns or superuser):
         return []
@@ -51,20 +57,11 @@ def statistics_must_follow_the_ledger(app_configs=None, databases=None, **kwargs
     them, and a plan made on a small ledger keeps reading whole tables as it grows: the
     drainer's claim hash-joined every command ever written, at half the throughput, in an
     8,000-effect benchmark pass (docs/operations.md, "Statistics")."""
-    connection = connections["default"]
-    if connection.vendor != "postgresql":
-        return []
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT current_setting('autovacuum') = 'on' "
-                "AND current_setting('track_counts') = 'on'"
-            )
-            (running,) = cursor.fetchone()
-    except DatabaseError:
-        return []  # no database (yet)
-    if running:
-        return []
+    row = _postgres_row(
+        "SELECT current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on'"
+    )
+    if row is None or row[0]:
+        return []  # no database (yet), or statistics kept current
     return [
         Warning(
             "PostgreSQL runs without autovacuum (or without track_counts): nothing analyzes "

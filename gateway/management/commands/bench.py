@@ -283,10 +283,12 @@ class Command(BaseCommand):
         self.bases = [f"http://127.0.0.1:{port}" for port in ports]
         self.base = self.bases[0]
         self.children = self._start(run, ports, urls)
-        self.autovacuum = self._autovacuum(dsn)
+        self.autovacuum: AutovacuumStandIn | None = None
         results: dict[int, list[dict]] = {}
         paced: dict[int, dict] = {}
         try:
+            # Inside the try: a stand-in that cannot connect still stops the children.
+            self.autovacuum = self._autovacuum(dsn)
             self._wait_ready()
             self._header(run, levels, rounds)
             self._warm(tokens[0])
