@@ -53,7 +53,7 @@ from django.db import connection
 from django.utils import timezone
 
 from gateway.choices import SETTLED, EffectStatus
-from gateway.lib import benchclient
+from gateway.lib import benchclient, benchtargets
 from gateway.lib.autovacuum import AutovacuumStandIn
 from gateway.models import Effect, EffectEvent
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
@@ -249,6 +249,11 @@ class Command(BaseCommand):
         if connection.vendor != "postgresql":
             raise CommandError("the benchmark compares against PostgreSQL: set DATABASE_URL")
         self.options = options
+        # What the verdicts at the end read (benchtargets): filled as the tables are printed.
+        self.lines: dict[int, benchtargets.Line] = {}
+        self.paced_p99: dict[int, float] = {}
+        self.replay_p50 = float("nan")
+        self.counted: tuple[int, int] | None = None
         # One line per request from the HTTP client would cost the floor more than its work.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         levels = [int(c) for c in options["concurrency"].split(",") if c.strip()]
@@ -328,6 +333,7 @@ class Command(BaseCommand):
                 )
         self._round_trips(tokens[0], run)
         self.sandbox.stop()
+        self._verdicts()
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -672,6 +678,10 @@ class Command(BaseCommand):
 
         with app.connection_for_write() as conn:  # the messages nobody consumes any more
             conn.default_channel.queue_purge(f"bench-{run}")  # type: ignore[attr-defined]
+        self.counted = (
+            submitted.round_trips + dispatched.round_trips,
+            submitted.commits + dispatched.commits,
+        )
         self.stdout.write(
             f"round trips per effect (in process): submission {submitted.summary()}; "
             f"dispatch {dispatched.summary()}; total "
@@ -746,6 +756,7 @@ class Command(BaseCommand):
         self.stdout.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c, p in paced.items():
             cpu = p["cpu"]
+            self.paced_p99[c] = percentile(p["submit"], 99) * 1000
             self.stdout.write(
                 f"| {c} | {p['offered']:.0f} | {p['rate']:.1f} | {p['late']} | "
                 f"{percentile(p['submit'], 50) * 1000:.1f} / "
@@ -754,6 +765,20 @@ class Command(BaseCommand):
                 f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f} = "
                 f"{cpu['web'] + cpu['worker'] + cpu['pg']:.1f} | {p['dups']} | {p['load']:.2f} |"
             )
+
+    def _verdicts(self) -> None:
+        """Issue 12's targets against this run's figures (gateway.lib.benchtargets)."""
+        round_trips, commits = self.counted or (None, None)
+        rows = benchtargets.verdicts(
+            lines=self.lines,
+            replay_p50_ms=self.replay_p50,
+            paced_submit_p99_ms=self.paced_p99,
+            round_trips=round_trips,
+            commits=commits,
+        )
+        self.stdout.write("")
+        for line in benchtargets.table(rows):
+            self.stdout.write(line)
 
     def _summary(self, results: dict[int, list[dict]], replay: list[float]) -> None:
         self.stdout.write("")
@@ -788,6 +813,16 @@ class Command(BaseCommand):
             fpg = median([f["cpu"]["pg"] for f in floors])
             fclient = median([f["cpu"]["client"] for f in floors])
             dups = sum(f["dups"] for f in floors + stricts), sum(p["dups"] for p in products)
+            self.lines[c] = benchtargets.Line(
+                rate=rate,
+                ratio=ratio,
+                strict_ratio=strict_ratio,
+                cpu_ms=web + worker + pg,
+                submit_p99_ms=percentile(submit, 99) * 1000,
+                e2e_p50_ms=percentile(e2e, 50) * 1000,
+                seal_p99_ms=percentile(seal, 99) * 1000,
+                duplicates=dups[0] + dups[1],
+            )
             self.stdout.write(
                 f"| {c} | {floor_rate:.0f} | {rate:.1f} | {ratio:.3f} | {strict_rate:.0f} | "
                 f"{strict_ratio:.3f} | "
@@ -798,6 +833,7 @@ class Command(BaseCommand):
                 f"{percentile(seal, 50) * 1000:.0f} / {percentile(seal, 99) * 1000:.0f} | "
                 f"{dups[0]}/{dups[1]} | {max(p['load'] for p in products):.2f} |"
             )
+        self.replay_p50 = percentile(replay, 50) * 1000
         self.stdout.write(
             f"replay over HTTP at c=1: p50 {percentile(replay, 50) * 1000:.1f} ms, "
             f"p99 {percentile(replay, 99) * 1000:.1f} ms ({len(replay)} requests)"

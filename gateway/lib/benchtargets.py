@@ -1,0 +1,159 @@
+"""Issue 12's targets, read off one run of ``manage.py bench``: for each, the run's figure and
+whether it is met, so that a run says itself where the product stands.
+
+A target whose figure the run did not measure (a concurrency it did not run, no paced pass)
+reads "not measured", never "met". The bench feeds this its own medians; the verdicts add no
+measurement of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+
+# The issue's numbers (docs/reliability.md, "Throughput against a floor").
+RATIO = 0.4  # product effects/s ÷ floor effects/s at c = 8
+CPU_MS = 5.0  # web + worker + PostgreSQL, per effect
+E2E_P50_MS = 30.0  # submission → CONFIRMED at c = 8
+SUBMIT_P99_MS = 20.0  # at c = 32
+REPLAY_P50_MS = 2.0  # over HTTP at c = 1
+ROUND_TRIPS = 10
+COMMITS = 3
+SEAL_LAG_P99_MS = 1000.0
+
+
+@dataclass(frozen=True)
+class Line:
+    """One concurrency's medians over its rounds, as the bench's table prints them."""
+
+    rate: float  # product effects/s
+    ratio: float  # against the issue's floor
+    strict_ratio: float  # against the strict floor (NaN when it did not run)
+    cpu_ms: float  # web + worker + PostgreSQL per effect
+    submit_p99_ms: float
+    e2e_p50_ms: float
+    seal_p99_ms: float
+    duplicates: int  # in the floors' and the product's passes together
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    figure: str
+    met: bool | None  # None: the run did not measure it
+
+
+def _known(value: float) -> bool:
+    return not math.isnan(value)
+
+
+def verdicts(
+    *,
+    lines: dict[int, Line],
+    replay_p50_ms: float,
+    paced_submit_p99_ms: dict[int, float],
+    round_trips: int | None,
+    commits: int | None,
+) -> list[Verdict]:
+    """The targets in the issue's order, each judged on this run's figures."""
+    out: list[Verdict] = []
+    eight = lines.get(8)
+    if eight is None:
+        out.append(Verdict(f"≥ {RATIO} × the floor at c = 8, 0 duplicates", "c = 8 not run", None))
+    else:
+        strict = (
+            f"; {eight.strict_ratio:.3f} of the strict floor" if _known(eight.strict_ratio) else ""
+        )
+        out.append(
+            Verdict(
+                f"≥ {RATIO} × the floor at c = 8, 0 duplicates",
+                f"{eight.ratio:.3f}{strict}; {eight.duplicates} duplicates",
+                eight.ratio >= RATIO and eight.duplicates == 0,
+            )
+        )
+    levels = sorted(lines)
+    if len(levels) < 2:
+        out.append(Verdict("growing with concurrency", "one concurrency run", None))
+    else:
+        rates = [lines[c].rate for c in levels]
+        out.append(
+            Verdict(
+                "growing with concurrency",
+                " → ".join(f"{rate:.0f}/s" for rate in rates) + f" at c = {levels}",
+                all(later > earlier for earlier, later in pairwise(rates)),
+            )
+        )
+    cpus = {c: lines[c].cpu_ms for c in levels}
+    out.append(
+        Verdict(
+            f"≤ {CPU_MS:g} ms CPU per effect (web + worker + PostgreSQL), every concurrency",
+            ", ".join(f"c = {c}: {cpu:.1f}" for c, cpu in cpus.items()) or "nothing run",
+            all(cpu <= CPU_MS for cpu in cpus.values()) if cpus else None,
+        )
+    )
+    out.append(
+        Verdict(
+            f"submission → CONFIRMED p50 ≤ {E2E_P50_MS:g} ms at c = 8",
+            f"{eight.e2e_p50_ms:.0f} ms" if eight else "c = 8 not run",
+            eight.e2e_p50_ms <= E2E_P50_MS if eight else None,
+        )
+    )
+    thirty_two = lines.get(32)
+    out.append(
+        Verdict(
+            f"submit p99 ≤ {SUBMIT_P99_MS:g} ms at c = 32 (closed loop, as the issue's table)",
+            f"{thirty_two.submit_p99_ms:.0f} ms" if thirty_two else "c = 32 not run",
+            thirty_two.submit_p99_ms <= SUBMIT_P99_MS if thirty_two else None,
+        )
+    )
+    paced = paced_submit_p99_ms.get(32)
+    out.append(
+        Verdict(
+            f"submit p99 ≤ {SUBMIT_P99_MS:g} ms at c = 32, offered at a load the machine carries "
+            "(--paced)",
+            f"{paced:.1f} ms" if paced is not None else "no paced pass at c = 32",
+            paced <= SUBMIT_P99_MS if paced is not None else None,
+        )
+    )
+    out.append(
+        Verdict(
+            f"replay over HTTP p50 ≤ {REPLAY_P50_MS:g} ms at c = 1",
+            f"{replay_p50_ms:.1f} ms" if _known(replay_p50_ms) else "no replay pass",
+            replay_p50_ms <= REPLAY_P50_MS if _known(replay_p50_ms) else None,
+        )
+    )
+    if round_trips is None or commits is None:
+        out.append(Verdict("≤ 10 round trips and ≤ 3 commits per effect", "not counted", None))
+    else:
+        out.append(
+            Verdict(
+                f"≤ {ROUND_TRIPS} round trips and ≤ {COMMITS} commits per effect",
+                f"{round_trips} and {commits}",
+                round_trips <= ROUND_TRIPS and commits <= COMMITS,
+            )
+        )
+    seals = [line.seal_p99_ms for line in lines.values() if _known(line.seal_p99_ms)]
+    out.append(
+        Verdict(
+            f"sealing lag p99 ≤ {SEAL_LAG_P99_MS / 1000:g} s",
+            f"{max(seals):.0f} ms (the worst concurrency)" if seals else "not measured",
+            max(seals) <= SEAL_LAG_P99_MS if seals else None,
+        )
+    )
+    out.append(
+        Verdict(
+            "flat at 1 M and 5 M ledger rows",
+            "not measured by this command: tests/benchmarks/ledger_scale.py",
+            None,
+        )
+    )
+    return out
+
+
+def table(rows: list[Verdict]) -> list[str]:
+    """The verdicts as a Markdown table, for docs/reliability.md as printed."""
+    mark = {True: "yes", False: "**no**", None: "not measured"}
+    lines = ["| issue 12's target | this run | met |", "|---|---|---|"]
+    lines += [f"| {row.target} | {row.figure} | {mark[row.met]} |" for row in rows]
+    return lines
