@@ -39,6 +39,8 @@ class Line:
 
 @dataclass(frozen=True)
 class Verdict:
+    """One target: what the issue asks, this run's figure, and whether it is met."""
+
     target: str
     figure: str
     met: bool | None  # None: the run did not measure it
@@ -46,6 +48,13 @@ class Verdict:
 
 def _known(value: float) -> bool:
     return not math.isnan(value)
+
+
+def _at_most(target: str, value: float | None, limit: float, shown: str, missing: str) -> Verdict:
+    """A ceiling on one figure; ``missing`` when the run has no such figure (None or NaN)."""
+    if value is None or not _known(value):
+        return Verdict(target, missing, None)
+    return Verdict(target, shown.format(value), value <= limit)
 
 
 def verdicts(
@@ -59,15 +68,16 @@ def verdicts(
     """The targets in the issue's order, each judged on this run's figures."""
     out: list[Verdict] = []
     eight = lines.get(8)
+    throughput = f"≥ {RATIO} × the floor at c = 8, 0 duplicates"
     if eight is None:
-        out.append(Verdict(f"≥ {RATIO} × the floor at c = 8, 0 duplicates", "c = 8 not run", None))
+        out.append(Verdict(throughput, "c = 8 not run", None))
     else:
         strict = (
             f"; {eight.strict_ratio:.3f} of the strict floor" if _known(eight.strict_ratio) else ""
         )
         out.append(
             Verdict(
-                f"≥ {RATIO} × the floor at c = 8, 0 duplicates",
+                throughput,
                 f"{eight.ratio:.3f}{strict}; {eight.duplicates} duplicates",
                 eight.ratio >= RATIO and eight.duplicates == 0,
             )
@@ -92,43 +102,45 @@ def verdicts(
             all(cpu <= CPU_MS for cpu in cpus.values()) if cpus else None,
         )
     )
-    out.append(
-        Verdict(
-            f"submission → CONFIRMED p50 ≤ {E2E_P50_MS:g} ms at c = 8",
-            f"{eight.e2e_p50_ms:.0f} ms" if eight else "c = 8 not run",
-            eight.e2e_p50_ms <= E2E_P50_MS if eight else None,
-        )
-    )
     thirty_two = lines.get(32)
-    out.append(
-        Verdict(
+    out += [
+        _at_most(
+            f"submission → CONFIRMED p50 ≤ {E2E_P50_MS:g} ms at c = 8",
+            eight.e2e_p50_ms if eight else None,
+            E2E_P50_MS,
+            "{:.0f} ms",
+            "c = 8 not run",
+        ),
+        _at_most(
             f"submit p99 ≤ {SUBMIT_P99_MS:g} ms at c = 32 (closed loop, as the issue's table)",
-            f"{thirty_two.submit_p99_ms:.0f} ms" if thirty_two else "c = 32 not run",
-            thirty_two.submit_p99_ms <= SUBMIT_P99_MS if thirty_two else None,
-        )
-    )
-    paced = paced_submit_p99_ms.get(32)
-    out.append(
-        Verdict(
+            thirty_two.submit_p99_ms if thirty_two else None,
+            SUBMIT_P99_MS,
+            "{:.0f} ms",
+            "c = 32 not run",
+        ),
+        _at_most(
             f"submit p99 ≤ {SUBMIT_P99_MS:g} ms at c = 32, offered at a load the machine carries "
             "(--paced)",
-            f"{paced:.1f} ms" if paced is not None else "no paced pass at c = 32",
-            paced <= SUBMIT_P99_MS if paced is not None else None,
-        )
-    )
-    out.append(
-        Verdict(
+            paced_submit_p99_ms.get(32),
+            SUBMIT_P99_MS,
+            "{:.1f} ms",
+            "no paced pass at c = 32",
+        ),
+        _at_most(
             f"replay over HTTP p50 ≤ {REPLAY_P50_MS:g} ms at c = 1",
-            f"{replay_p50_ms:.1f} ms" if _known(replay_p50_ms) else "no replay pass",
-            replay_p50_ms <= REPLAY_P50_MS if _known(replay_p50_ms) else None,
-        )
-    )
+            replay_p50_ms,
+            REPLAY_P50_MS,
+            "{:.1f} ms",
+            "no replay pass",
+        ),
+    ]
+    statements = f"≤ {ROUND_TRIPS} round trips and ≤ {COMMITS} commits per effect"
     if round_trips is None or commits is None:
-        out.append(Verdict("≤ 10 round trips and ≤ 3 commits per effect", "not counted", None))
+        out.append(Verdict(statements, "not counted", None))
     else:
         out.append(
             Verdict(
-                f"≤ {ROUND_TRIPS} round trips and ≤ {COMMITS} commits per effect",
+                statements,
                 f"{round_trips} and {commits}",
                 round_trips <= ROUND_TRIPS and commits <= COMMITS,
             )
