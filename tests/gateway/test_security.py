@@ -316,8 +316,10 @@ def test_a_key_committed_while_the_reservation_waits_undoes_the_reservation(scop
             with connection.cursor() as cursor:
                 cursor.execute(
                     # The text is cut at track_activity_query_size: its start names it.
+                    # This database only: the other xdist worker's tests run the same
+                    # statement in theirs, and their waits would count here.
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE 'WITH existing AS%%'"
+                    "AND datname = current_database() AND query LIKE 'WITH existing AS%%'"
                 )
                 waiting = cursor.fetchone()[0]
             if waiting:
