@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import psycopg
 from psycopg import sql
@@ -99,6 +100,9 @@ class AutovacuumStandIn:
         self.dsn = dsn
         self.naptime = naptime
         self.runs: list[str] = []
+        # (start, end) on the wall clock of each pass that did work: what a submission that
+        # took long may have waited behind (manage.py bench sets them beside its tail).
+        self.spans: list[tuple[float, float]] = []
         self._active = threading.Event()
         self._stopped = threading.Event()
         self._busy = threading.Lock()  # held while a pass works
@@ -143,7 +147,11 @@ class AutovacuumStandIn:
                 if not self._active.is_set():
                     continue  # paused while it waited for the lock
                 try:
-                    self.runs.extend(work_once(self.conn))
+                    started = time.time()
+                    done = work_once(self.conn)
+                    if done:
+                        self.spans.append((started, time.time()))
+                    self.runs.extend(done)
                 except psycopg.Error:
                     # A table dropped under it, a lock it could not take: autovacuum skips too.
                     logger.warning("autovacuum stand-in: a pass failed", exc_info=True)

@@ -57,6 +57,13 @@ def _at_most(target: str, value: float | None, limit: float, shown: str, missing
     return Verdict(target, shown.format(value), value <= limit)
 
 
+def _ledger(effects: int) -> str:
+    """The ledger a figure was measured on: an empty one's tables are analyzed every second."""
+    if effects:
+        return f"a ledger of {effects:,} settled effects"
+    return "an empty ledger (analyzed every second as it grows: --ledger)"
+
+
 def verdicts(
     *,
     lines: dict[int, Line],
@@ -64,8 +71,10 @@ def verdicts(
     paced_submit_p99_ms: dict[int, float],
     round_trips: int | None,
     commits: int | None,
+    ledger: int = 0,
 ) -> list[Verdict]:
-    """The targets in the issue's order, each judged on this run's figures."""
+    """The targets in the issue's order, each judged on this run's figures; ``ledger`` is the
+    history loaded before the run (``--ledger``), which the submit tail depends on."""
     out: list[Verdict] = []
     eight = lines.get(8)
     throughput = f"≥ {RATIO} × the floor at c = 8, 0 duplicates"
@@ -123,7 +132,7 @@ def verdicts(
             "(--paced)",
             paced_submit_p99_ms.get(32),
             SUBMIT_P99_MS,
-            "{:.1f} ms",
+            "{:.1f} ms, " + _ledger(ledger),
             "no paced pass at c = 32",
         ),
         _at_most(

@@ -311,7 +311,10 @@ def history_types() -> list[TypeRow]:
 
 
 def resource_of(row: TypeRow, g: int) -> dict:
-    resource = {"type": row.resource_type, "id": f"{row.resource_id_prefix}{g % 100_003}"}
+    resource: dict[str, object] = {
+        "type": row.resource_type,
+        "id": f"{row.resource_id_prefix}{g % 100_003}",
+    }
     if row.version is not None:
         resource["version"] = row.version
     return resource
@@ -325,9 +328,27 @@ def history_kind(g: int) -> str:
 # --- the load ------------------------------------------------------------------------------
 
 
-def load(*, effects: int, say=print) -> dict[str, float]:
-    """Write ``effects`` settled effects plus the open queue into an empty scratch database
-    (migrated). Returns seconds per phase."""
+def create_principals() -> None:
+    """The tenant and the principals the loaded history names (its agent, approver, on-call)."""
+    import uuid
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    for name, role in ((AGENT, "agent"), (APPROVER, "approver"), (ONCALL, "operator")):
+        call_command(
+            "issue_token",
+            tenant=TENANT,
+            principal=name,
+            role=role,
+            password=uuid.uuid4().hex if role != "agent" else None,
+            stdout=StringIO(),
+        )
+
+
+def load(*, effects: int, open_queue: bool = True, say=print) -> dict[str, float]:
+    """Write ``effects`` settled effects plus (unless ``open_queue`` is false) the open queue
+    into a migrated scratch database. Returns seconds per phase."""
     from django.conf import settings
     from django.db import connection
 
@@ -372,7 +393,7 @@ def load(*, effects: int, say=print) -> dict[str, float]:
             "ntypes": len(types),
         }
         started = time.perf_counter()
-        total = effects + OPEN_TOTAL
+        total = effects + (OPEN_TOTAL if open_queue else 0)
         for low in range(1, total + 1, BATCH):
             high = min(total + 1, low + BATCH)
             _batch(cursor, {**params, "low": low, "high": high}, types)
@@ -409,6 +430,18 @@ def load(*, effects: int, say=print) -> dict[str, float]:
         say(f"  VACUUM ANALYZE ({timings['vacuum']:.0f} s)")
     _check_digest(types)
     return timings
+
+
+def count_tallies() -> int:
+    """The /metrics tallies brought up to the loaded chain (reconciliation/tally.py), as a
+    running gateway keeps them: otherwise its first tally pass counts the whole history while
+    whatever runs next is measured. Returns the events counted."""
+    from reconciliation.tally import tally_pending
+
+    counted = 0
+    while step := tally_pending():
+        counted += step
+    return counted
 
 
 # The tenant's events that no batch names, as the next batches of its chain (1000 links each,

@@ -145,30 +145,13 @@ class ProbeOps:
             loaded = cursor.fetchone()[0] == marker
         timings: dict[str, float] = {}
         if not loaded:
-            self._principals()
+            ledger_load.create_principals()
             timings = ledger_load.load(effects=effects, say=lambda line: print(line, flush=True))
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"COMMENT ON DATABASE {connection.settings_dict['NAME']} IS %s", [marker]
                 )
         return {"loaded_now": not loaded, "timings": timings, "tables": self._tables()}
-
-    def _principals(self) -> None:
-        from io import StringIO
-
-        from django.core.management import call_command
-
-        from tests.benchmarks.ledger_load import AGENT, APPROVER, ONCALL, TENANT
-
-        for name, role in ((AGENT, "agent"), (APPROVER, "approver"), (ONCALL, "operator")):
-            call_command(
-                "issue_token",
-                tenant=TENANT,
-                principal=name,
-                role=role,
-                password=uuid.uuid4().hex if role != "agent" else None,
-                stdout=StringIO(),
-            )
 
     def _tables(self) -> dict[str, tuple[int, str]]:
         from django.db import connection

@@ -14,6 +14,7 @@ import pytest
 from django.conf import settings
 
 from gateway.lib import benchclient, benchfloor
+from gateway.management.commands.bench import slowest_during
 
 
 def _dsn() -> str:
@@ -162,3 +163,27 @@ def test_the_paced_client_counts_latency_from_when_a_submission_was_due():
     result, _ = _paced(rate=100, count=10, concurrency=1, delay=0.05)
     assert result["late"] >= 8
     assert max(result["submit"]) > 0.4  # the tenth was due at 90 ms and answered near 500 ms
+
+
+def test_the_paced_client_says_when_each_submission_was_sent_and_answered():
+    before = time.time()
+    result, _ = _paced(rate=50, count=10, concurrency=2, delay=0.01)
+    spans = sorted(result["spans"])
+    assert len(spans) == 10
+    # On the wall clock, so that the benchmark can set them beside what else ran at the time.
+    assert before < spans[0][0] < spans[-1][1] < time.time()
+    # (A wall clock near 1.8e9 s carries about a microsecond less precision than the latencies.)
+    latencies = sorted(end - start for start, end in spans)
+    assert latencies == pytest.approx(sorted(result["submit"]), abs=1e-5)
+    # Due every 20 ms: the tenth about 180 ms after the first.
+    assert 0.15 < spans[-1][0] - spans[0][0] < 0.5
+
+
+def test_the_slowest_submissions_are_set_beside_what_was_busy():
+    spans = [(t, t + 0.003) for t in range(100)]  # a hundred submissions of 3 ms
+    spans[10] = (10, 10.05)  # two slow ones: one during a busy interval, one not
+    spans[60] = (60, 60.04)
+    assert slowest_during(spans, busy=[(9.9, 10.01)]) == (1, 2)
+    assert slowest_during(spans, busy=[(9.9, 10.01), (60.02, 61)]) == (2, 2)
+    assert slowest_during(spans, busy=[(30, 40)]) == (0, 2)
+    assert slowest_during([], busy=[(0, 1)]) == (0, 0)

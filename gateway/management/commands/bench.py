@@ -27,6 +27,12 @@ deployment, which the shared development server does not run. For the same reaso
 without autovacuum a stand-in (gateway.lib.autovacuum) analyzes and vacuums the tables during
 the product's passes at autovacuum's thresholds, on a connection whose CPU counts as the
 product's PostgreSQL time (``--no-autovacuum`` leaves it out).
+
+Autovacuum analyzes a table once a tenth of it has changed, so an empty ledger's growing tables
+are analyzed about every second, and in the paced passes those analyses set the submissions'
+tail (the paced line says how many of the slowest 1 % overlapped one). ``--ledger N`` first
+loads a settled history of N effects (tests/benchmarks/ledger_load.py, its tallies counted),
+so that the run measures a ledger the size of a deployment's, analyzed as rarely as one is.
 """
 
 from __future__ import annotations
@@ -80,6 +86,19 @@ def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
     return ordered[index]
+
+
+def slowest_during(
+    spans: list[tuple[float, float]], busy: list[tuple[float, float]], pct: float = 99
+) -> tuple[int, int]:
+    """Of the submissions at or above the ``pct`` percentile of latency (their (sent, answered)
+    ``spans``), how many overlapped one of the ``busy`` intervals; and how many there were."""
+    if not spans:
+        return 0, 0
+    cut = percentile([end - start for start, end in spans], pct)
+    slow = [(start, end) for start, end in spans if end - start >= cut]
+    during = sum(1 for start, end in slow if any(a < end and start < b for a, b in busy))
+    return during, len(slow)
 
 
 def _run_process(module: str, arguments: dict, what: str) -> dict:
@@ -236,6 +255,16 @@ class Command(BaseCommand):
             help="agents submit under a grant with a count budget this large (reserved at "
             "every submission), not under an unlimited one",
         )
+        parser.add_argument(
+            "--ledger",
+            type=int,
+            default=0,
+            metavar="EFFECTS",
+            help="before the passes, load a history of this many settled effects (another "
+            "tenant's, tests/benchmarks/ledger_load.py) into the fresh database: a ledger the "
+            "size of a deployment's, whose tables autovacuum analyzes when a tenth of them has "
+            "changed, not every second as it does an empty ledger's growing tables",
+        )
         parser.add_argument("--timeout", type=float, default=180)
         parser.add_argument(
             "--port",
@@ -259,6 +288,8 @@ class Command(BaseCommand):
         levels = [int(c) for c in options["concurrency"].split(",") if c.strip()]
         rounds = 1 if options["quick"] else max(1, options["rounds"])
         call_command("migrate", interactive=False, verbosity=0)
+        if options["ledger"]:
+            self._preload(options["ledger"])
         run = uuid.uuid4().hex[:8]
         self.run_id = run
         tenants = [f"bench{n}" if n else "bench" for n in range(options["tenants"])]
@@ -336,6 +367,24 @@ class Command(BaseCommand):
         self._verdicts()
 
     # -- set-up ----------------------------------------------------------------------------
+
+    def _preload(self, effects: int) -> None:
+        """A settled history of ``effects`` effects (``--ledger``), written in bulk as the
+        gateway leaves it, without the open queue (the reconciler's work in an incident, not
+        in the steady state measured here)."""
+        try:
+            from tests.benchmarks import ledger_load
+        except ImportError as exc:  # an installed package without the repository's tests/
+            raise CommandError("--ledger needs the repository's tests/benchmarks/") from exc
+        if Effect.objects.exists():
+            raise CommandError("--ledger loads into a fresh database: this one has effects")
+        started = time.perf_counter()
+        ledger_load.create_principals()
+        ledger_load.load(effects=effects, open_queue=False, say=lambda line: None)
+        ledger_load.count_tallies()  # or the first tally pass counts it during the passes
+        self.stdout.write(
+            f"ledger: {effects:,} settled effects loaded ({time.perf_counter() - started:.0f} s)"
+        )
 
     def _token(self, tenant: str, run: str) -> str:
         from io import StringIO
@@ -537,6 +586,7 @@ class Command(BaseCommand):
             "prefix": prefix, "concurrency": c, "count": n, "rate": rate,
         }  # fmt: skip
         client = _run_process("gateway.lib.benchclient", arguments, "the client")
+        busy = list(self.autovacuum.spans) if self.autovacuum is not None else []
         ids: list[str] = client["ids"]
         submit: list[float] = client["submit"]
         wrong: list[int] = client["wrong"]
@@ -575,6 +625,7 @@ class Command(BaseCommand):
             "commits": commits / n,
             "offered": rate,
             "late": client.get("late", 0),
+            "tail": slowest_during([tuple(span) for span in client["spans"]], busy),
             "load": max(load, os.getloadavg()[0]),
             "dups": self._duplicates(prefix, n, ids=ids),
             "seal": self._seal_lag(ids),
@@ -704,6 +755,11 @@ class Command(BaseCommand):
             + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
             + f"; autovacuum: {self.autovacuum_mode}"
+            + (
+                f"; ledger: {o['ledger']:,} settled effects loaded"
+                if o["ledger"]
+                else "; ledger: empty at the start"
+            )
         )
 
     def _line(self, c: int, r: int, row: dict) -> None:
@@ -746,6 +802,12 @@ class Command(BaseCommand):
             f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f}; dups {p['dups']}; "
             f"load {p['load']:.2f}"
         )
+        if self.autovacuum is not None:
+            during, slow = p["tail"]
+            self.stdout.write(
+                f"      slowest 1 % of submissions: {during} of {slow} overlapped a pass of the "
+                "autovacuum stand-in"
+            )
 
     def _paced_summary(self, paced: dict[int, dict]) -> None:
         self.stdout.write("")
@@ -773,6 +835,7 @@ class Command(BaseCommand):
             lines=self.lines,
             replay_p50_ms=self.replay_p50,
             paced_submit_p99_ms=self.paced_p99,
+            ledger=self.options["ledger"],
             round_trips=round_trips,
             commits=commits,
         )
