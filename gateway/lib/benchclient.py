@@ -65,6 +65,71 @@ class Connection:
             self.conn.close()
 
 
+class Oracle:
+    """What tells a thread of the effect loop (``loop="effect"``) that its effect is CONFIRMED:
+    one thread that reads the ledger for every effect waited on, every ``interval`` seconds, on
+    a connection of its own.
+
+    It stands for an agent's wait (``GET /api/v1/effects/{id}?wait=``) without that wait's cost
+    or its pauses, as the floor's threads know their outcome when their UPDATE returns: the
+    loop then compares what the product and the floor do with ``c`` effects in flight, not what
+    the API's long poll costs. Its connection closes before the pass ends, so the benchmark does
+    not count its backend as the product's."""
+
+    QUERY = (
+        "SELECT effect_id FROM gateway_effect WHERE effect_id = ANY(%s) AND status = 'CONFIRMED'"
+    )
+
+    def __init__(self, dsn: str, interval: float = 0.002) -> None:
+        self.dsn = dsn
+        self.interval = interval
+        self.polls = 0
+        self._waiting: set[str] = set()
+        self._confirmed: set[str] = set()
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="oracle", daemon=True)
+
+    def start(self) -> Oracle:
+        self._thread.start()
+        return self
+
+    def wait(self, effect_id: str, timeout: float = 60) -> bool:
+        """Until ``effect_id`` is CONFIRMED in the ledger (True) or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            self._waiting.add(effect_id)
+            while effect_id not in self._confirmed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._waiting.discard(effect_id)
+                    return False
+                self._changed.wait(left)
+            self._confirmed.discard(effect_id)
+            return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        import psycopg  # the submission loop's client needs no database driver
+
+        with psycopg.connect(self.dsn, autocommit=True, application_name="bench-oracle") as db:
+            while not self._stop.is_set():
+                with self._changed:
+                    waited = list(self._waiting)
+                if waited:
+                    found = [row[0] for row in db.execute(self.QUERY, (waited,)).fetchall()]
+                    self.polls += 1
+                    if found:
+                        with self._changed:
+                            self._waiting.difference_update(found)
+                            self._confirmed.update(found)
+                            self._changed.notify_all()
+                self._stop.wait(self.interval)
+
+
 def submit(conn: Connection, token: str, key: str, body: dict) -> tuple[int, bytes]:
     return conn.request(
         "POST",
@@ -86,8 +151,14 @@ def run(
     concurrency: int,
     count: int,
     rate: float = 0,
+    loop: str = "submission",
+    dsn: str = "",
 ) -> dict:
     """``count`` submissions from ``concurrency`` threads.
+
+    With ``loop`` "submission" a thread is done with a submission when it is answered; with
+    "effect" only once its effect is CONFIRMED in the ledger (read by an :class:`Oracle` on
+    ``dsn``), so that at most ``concurrency`` effects are in flight, as in the floor.
 
     With ``rate`` 0 each thread sends its next submission as soon as the last is answered (a
     closed loop: the product's throughput). With ``rate`` > 0 the submissions are offered at
@@ -104,6 +175,7 @@ def run(
     late: list[int] = []
     ids: list[str | None] = [None] * count
     start = time.perf_counter() + 0.05  # every thread started before the first is due
+    oracle = Oracle(dsn).start() if loop == "effect" else None
 
     def one(index: int) -> None:
         conns = getattr(local, "conns", None)
@@ -129,7 +201,9 @@ def run(
         if status != 201:
             wrong.append(status)
             return
-        ids[index] = json.loads(content)["effect_id"]
+        ids[index] = effect_id = json.loads(content)["effect_id"]
+        if oracle is not None:
+            oracle.wait(effect_id)
 
     with ThreadPoolExecutor(concurrency) as executor:
         before = os.times()
@@ -137,7 +211,10 @@ def run(
         wall = started_at - time.perf_counter()  # perf_counter → wall clock
         list(executor.map(one, range(count)))
         after = os.times()
+    if oracle is not None:
+        oracle.stop()
     return {
+        "polls": oracle.polls if oracle is not None else 0,
         "started_at": started_at,
         "ids": [effect_id for effect_id in ids if effect_id],
         "submit": [latency for _, latency in timed],

@@ -22,6 +22,12 @@ ROUND_TRIPS = 10
 COMMITS = 3
 SEAL_LAG_P99_MS = 1000.0
 
+# What c bounds in the product's closed loop (the floor's threads each finish an effect).
+LOOPS = {
+    "submission": "c submissions in flight (a client waits for the answer)",
+    "effect": "c effects in flight, as in the floor (a client waits for CONFIRMED)",
+}
+
 
 @dataclass(frozen=True)
 class Line:
@@ -72,9 +78,11 @@ def verdicts(
     round_trips: int | None,
     commits: int | None,
     ledger: int = 0,
+    loop: str = "submission",
 ) -> list[Verdict]:
     """The targets in the issue's order, each judged on this run's figures; ``ledger`` is the
-    history loaded before the run (``--ledger``), which the submit tail depends on."""
+    history loaded before the run (``--ledger``), which the submit tail depends on; ``loop``
+    what a client thread waited for (``--loop``), which the throughput depends on."""
     out: list[Verdict] = []
     eight = lines.get(8)
     throughput = f"≥ {RATIO} × the floor at c = 8, 0 duplicates"
@@ -87,7 +95,7 @@ def verdicts(
         out.append(
             Verdict(
                 throughput,
-                f"{eight.ratio:.3f}{strict}; {eight.duplicates} duplicates",
+                f"{eight.ratio:.3f}{strict}; {eight.duplicates} duplicates; {LOOPS[loop]}",
                 eight.ratio >= RATIO and eight.duplicates == 0,
             )
         )

@@ -187,3 +187,39 @@ def test_the_slowest_submissions_are_set_beside_what_was_busy():
     assert slowest_during(spans, busy=[(9.9, 10.01), (60.02, 61)]) == (2, 2)
     assert slowest_during(spans, busy=[(30, 40)]) == (0, 2)
     assert slowest_during([], busy=[(0, 1)]) == (0, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_effect_loop_waits_until_the_ledger_says_confirmed(sandbox, agent, ticket_body):
+    from django.db import connection
+
+    from gateway import services
+    from gateway.choices import EffectStatus
+    from gateway.models import Effect
+
+    response = agent.submit(ticket_body, "oracle-1")
+    assert response.status_code == 201
+    effect_id = response.json()["effect_id"]
+    dispatching: list[float] = []
+
+    def dispatch_later() -> None:
+        time.sleep(0.3)
+        try:
+            dispatching.append(time.monotonic())
+            services.effect_dispatch(effect_id=effect_id, worker="test")  # to CONFIRMED
+        finally:
+            connection.close()
+
+    oracle = benchclient.Oracle(_dsn(), interval=0.005).start()
+    try:
+        threading.Thread(target=dispatch_later).start()
+        assert oracle.wait(effect_id, timeout=10) is True
+        # Not before the worker's record committed: PREPARED and DISPATCHING are not the end.
+        assert dispatching and time.monotonic() > dispatching[0]
+        assert Effect.objects.get(pk=effect_id).status == EffectStatus.CONFIRMED
+        assert oracle.polls > 1
+        # An effect that is never confirmed: the wait gives up at its timeout.
+        other = agent.submit({**ticket_body, "payload": {"title": "never", "priority": "P4"}}, "o2")
+        assert oracle.wait(other.json()["effect_id"], timeout=0.3) is False
+    finally:
+        oracle.stop()

@@ -44,7 +44,8 @@ def test_a_run_that_meets_every_target_says_so_and_leaves_the_ledger_scale_unmea
     assert unmeasured == ["flat at 1 M and 5 M ledger rows"]
     assert (
         rows["≥ 0.4 × the floor at c = 8, 0 duplicates"].figure
-        == "0.450; 0.310 of the strict floor; 0 duplicates"
+        == "0.450; 0.310 of the strict floor; 0 duplicates; "
+        "c submissions in flight (a client waits for the answer)"
     )
 
 
@@ -103,6 +104,18 @@ def test_the_closed_and_the_paced_submit_tail_are_judged_apart():
     ]
 
 
+def test_the_throughput_says_what_its_loop_kept_in_flight():
+    # The floor's threads each finish an effect; the product's client may not wait for its
+    # effects, and then c bounds only its submissions: a reader must see which.
+    def throughput(**overrides):
+        return _run(**overrides)["≥ 0.4 × the floor at c = 8, 0 duplicates"].figure
+
+    assert throughput().endswith("c submissions in flight (a client waits for the answer)")
+    assert throughput(loop="effect").endswith(
+        "c effects in flight, as in the floor (a client waits for CONFIRMED)"
+    )
+
+
 def test_the_paced_tail_names_the_ledger_it_was_measured_on():
     # An empty ledger's tables grow by a tenth every second, so autovacuum analyzes them every
     # second and each pass sets the tail: a reader must see which ledger a figure comes from.
@@ -124,6 +137,7 @@ def test_the_table_marks_a_miss_so_that_it_stands_out():
     )
     printed = "\n".join(table(rows))
     assert printed.startswith("| issue 12's target | this run | met |")
-    assert "| 0.300; 0.310 of the strict floor; 0 duplicates | **no** |" in printed
+    assert "| 0.300; 0.310 of the strict floor; 0 duplicates; c submissions" in printed
+    assert "(a client waits for the answer) | **no** |" in printed
     assert "| 3 and 4 | **no** |" in printed
     assert "| 2.5 ms | **no** |" in printed

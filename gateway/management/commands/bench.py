@@ -28,6 +28,12 @@ without autovacuum a stand-in (gateway.lib.autovacuum) analyzes and vacuums the 
 the product's passes at autovacuum's thresholds, on a connection whose CPU counts as the
 product's PostgreSQL time (``--no-autovacuum`` leaves it out).
 
+The product's closed loop (``--loop``): by default a client thread sends its next submission
+once the last is answered, so ``c`` bounds the submissions in flight and the effects queue
+behind them; the floor's threads each finish an effect before the next. ``--loop effect``
+makes a client thread wait until its effect is CONFIRMED, so that ``c`` effects are in flight
+on both sides (gateway.lib.benchclient.Oracle says how it learns of it).
+
 Autovacuum analyzes a table once a tenth of it has changed, so an empty ledger's growing tables
 are analyzed about every second, and in the paced passes those analyses set the submissions'
 tail (the paced line says how many of the slowest 1 % overlapped one). ``--ledger N`` first
@@ -254,6 +260,14 @@ class Command(BaseCommand):
             default=0,
             help="agents submit under a grant with a count budget this large (reserved at "
             "every submission), not under an unlimited one",
+        )
+        parser.add_argument(
+            "--loop",
+            default="submission",
+            choices=["submission", "effect"],
+            help="what a client thread waits for before its next submission: the answer (c "
+            "submissions in flight, the effects queue behind them) or its effect CONFIRMED in "
+            "the ledger (c effects in flight, as in the floor; gateway.lib.benchclient.Oracle)",
         )
         parser.add_argument(
             "--ledger",
@@ -584,6 +598,7 @@ class Command(BaseCommand):
         arguments = {
             "bases": self.bases, "tokens": tokens, "body": BODY,
             "prefix": prefix, "concurrency": c, "count": n, "rate": rate,
+            "loop": self.options["loop"], "dsn": self.floor_args["dsn"],
         }  # fmt: skip
         client = _run_process("gateway.lib.benchclient", arguments, "the client")
         busy = list(self.autovacuum.spans) if self.autovacuum is not None else []
@@ -750,7 +765,7 @@ class Command(BaseCommand):
             f"{o['web_workers']}×{o['web_threads']} threads, "
             f"{o['worker_processes']} Celery worker(s) ×"
             f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, "
-            f"tenants {o['tenants']}"
+            f"tenants {o['tenants']}, loop: a client waits for its {o['loop']}"
             + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
             + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
@@ -836,6 +851,7 @@ class Command(BaseCommand):
             replay_p50_ms=self.replay_p50,
             paced_submit_p99_ms=self.paced_p99,
             ledger=self.options["ledger"],
+            loop=self.options["loop"],
             round_trips=round_trips,
             commits=commits,
         )
