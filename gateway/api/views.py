@@ -152,15 +152,25 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
                 OpenApiTypes.NUMBER,
                 description="Long poll: answer when the status changes, or after this many "
                 "seconds (at most GATEWAY_MAX_WAIT).",
-            )
+            ),
+            OpenApiParameter(
+                "seen",
+                OpenApiTypes.STR,
+                enum=EffectStatus.values,
+                description="With wait: the status the caller last saw. The long poll answers "
+                "at once when the effect's status is already another, and otherwise when it "
+                "leaves this one. Without it, the status when the request arrives, which may "
+                "already be past the one the caller saw.",
+            ),
         ]
     )
     def retrieve(self, request, *args, **kwargs):
         effect = self.get_object()
         wait = _parse_wait(request.query_params.get("wait"))
+        seen = _parse_seen(request.query_params.get("seen"))
         if wait:
             with wait_slot(request):  # 429 when the caller or this node has too many open
-                effect = _wait_for_change(effect, wait)
+                effect = _wait_for_change(effect, wait, seen=seen)
         return Response(self.get_serializer(effect).data)
 
     @extend_schema(responses=EffectEventSerializer(many=True))
@@ -270,17 +280,45 @@ def _parse_wait(raw: str | None) -> float:
     return min(value, settings.GATEWAY_MAX_WAIT)
 
 
-def _wait_for_change(effect: Effect, seconds: float) -> Effect:
-    """Poll the one status column until it differs from what the caller saw."""
+def _parse_seen(raw: str | None) -> str | None:
+    """The ``seen`` of a long poll: one of the effect statuses, or None when not given."""
+    if raw in (None, ""):
+        return None
+    if raw not in EffectStatus.values:
+        raise ValidationProblem(
+            "seen must be one of the effect statuses.",
+            errors={"seen": [f"one of {', '.join(EffectStatus.values)}"]},
+        )
+    return raw
+
+
+# A long poll's pauses between looks at the status: the first short, because an effect the
+# provider answers at once is CONFIRMED a few milliseconds after its submission (a first look
+# after 50 ms made an agent's wait for such an effect ten times as long as the effect took);
+# then doubling, so that a long wait costs about two looks a second.
+FIRST_PAUSE = 0.005
+LONGEST_PAUSE = 0.5
+
+
+def _wait_for_change(effect: Effect, seconds: float, *, seen: str | None = None) -> Effect:
+    """Poll the one status column until it differs from what the caller saw: ``seen``, or
+    when not given the status ``effect`` had when the request read it.
+
+    With ``seen``, an effect that moved on between the caller's last look and this request
+    answers at once: an agent that read DISPATCHING and then asked to wait used to be held for
+    the whole wait by an effect that was CONFIRMED in between (a few milliseconds, for a
+    provider that answers at once)."""
+    if seen is not None and effect.status != seen:
+        return effect
     deadline = time.monotonic() + seconds
     seen = effect.status
-    pause = 0.05
+    pause = FIRST_PAUSE
     while time.monotonic() < deadline:
         current = Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first()
         if current != seen:
             break
         time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-        pause = min(pause * 2, 0.5)
+        pause = min(pause * 2, LONGEST_PAUSE)
     return Effect.objects.select_related(
         "command", "command__requested_by", "approved_by", "tenant"
     ).get(pk=effect.pk)

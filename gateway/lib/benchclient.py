@@ -130,6 +130,36 @@ class Oracle:
                 self._stop.wait(self.interval)
 
 
+# The statuses that are not settled (gateway.choices.SETTLED, which this process does not
+# import: it runs without Django); a wait ends at any other.
+OPEN = frozenset(
+    {
+        "PREPARED", "AWAITING_APPROVAL", "NOT_STARTED", "DISPATCHING", "UNKNOWN", "IN_PROGRESS",
+        "COMPENSATING",
+    }
+)  # fmt: skip
+
+
+def wait_through_api(conn: Connection, token: str, effect_id: str) -> str:
+    """Until the effect has settled, as an agent waits with effect_gateway_client: a look,
+    then long polls (``?wait=``) that name the status seen; a 429 (too many long polls open)
+    waits a second, as the client's retries do. Returns the status it settled in."""
+    auth = {"Authorization": f"Bearer {token}"}
+    path = f"/api/v1/effects/{effect_id}"
+    query = ""
+    while True:
+        status, content = conn.request("GET", path + query, b"", auth)
+        if status == 429:
+            time.sleep(1)
+            continue
+        if status != 200:
+            raise RuntimeError(f"GET {path}{query} answered {status}: {content[:200]!r}")
+        seen = json.loads(content)["status"]
+        if seen not in OPEN:
+            return seen
+        query = f"?wait=5&seen={seen}"
+
+
 def submit(conn: Connection, token: str, key: str, body: dict) -> tuple[int, bytes]:
     return conn.request(
         "POST",
@@ -158,7 +188,9 @@ def run(
 
     With ``loop`` "submission" a thread is done with a submission when it is answered; with
     "effect" only once its effect is CONFIRMED in the ledger (read by an :class:`Oracle` on
-    ``dsn``), so that at most ``concurrency`` effects are in flight, as in the floor.
+    ``dsn``), so that at most ``concurrency`` effects are in flight, as in the floor; with
+    "api" likewise, but learning of it as an agent does, through the API's long poll
+    (:func:`wait_through_api`), which the product then pays for.
 
     With ``rate`` 0 each thread sends its next submission as soon as the last is answered (a
     closed loop: the product's throughput). With ``rate`` > 0 the submissions are offered at
@@ -191,8 +223,9 @@ def run(
             started = due
         else:
             started = time.perf_counter()
+        conn = conns[bases[index % len(bases)]]
         status, content = submit(
-            conns[bases[index % len(bases)]],
+            conn,
             tokens[index % len(tokens)],
             f"{prefix}:{index}",
             {**body, "payload": {"title": f"bench {index}", "priority": "P4"}},
@@ -204,6 +237,8 @@ def run(
         ids[index] = effect_id = json.loads(content)["effect_id"]
         if oracle is not None:
             oracle.wait(effect_id)
+        if loop == "api":
+            wait_through_api(conn, tokens[index % len(tokens)], effect_id)
 
     with ThreadPoolExecutor(concurrency) as executor:
         before = os.times()

@@ -26,6 +26,7 @@ SEAL_LAG_P99_MS = 1000.0
 LOOPS = {
     "submission": "c submissions in flight (a client waits for the answer)",
     "effect": "c effects in flight, as in the floor (a client waits for CONFIRMED)",
+    "api": "c effects in flight, each awaited through the API's long poll",
 }
 
 

@@ -223,3 +223,57 @@ def test_the_effect_loop_waits_until_the_ledger_says_confirmed(sandbox, agent, t
         assert oracle.wait(other.json()["effect_id"], timeout=0.3) is False
     finally:
         oracle.stop()
+
+
+class _EffectHandler(BaseHTTPRequestHandler):
+    """A kept-alive server that answers an effect's GETs from a script of statuses, noting
+    each path it was asked."""
+
+    protocol_version = "HTTP/1.1"
+    script: list[tuple[int, str]] = []
+    paths: list[str] = []
+
+    def do_GET(self):
+        self.paths.append(self.path)
+        status, effect_status = self.script.pop(0)
+        body = json.dumps({"effect_id": "eff_1", "status": effect_status}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
+    _EffectHandler.paths = []
+    _EffectHandler.script = [
+        (200, "PREPARED"),
+        (200, "DISPATCHING"),
+        (429, "DISPATCHING"),  # too many long polls open: again after a pause
+        (200, "CONFIRMED"),
+    ]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EffectHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+        settled = benchclient.wait_through_api(conn, "t", "eff_1")
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert settled == "CONFIRMED"
+    assert _EffectHandler.paths == [
+        "/api/v1/effects/eff_1",
+        "/api/v1/effects/eff_1?wait=5&seen=PREPARED",
+        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING",
+        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING",
+    ]
+
+
+def test_the_api_loop_knows_the_gateways_open_statuses():
+    from gateway.choices import SETTLED, EffectStatus
+
+    assert set(EffectStatus.values) - SETTLED == benchclient.OPEN

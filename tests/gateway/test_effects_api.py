@@ -105,6 +105,34 @@ def test_wait_without_change_returns_the_same_status(agent, ticket_body):
     assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=soon").status_code == 400
 
 
+def test_a_wait_looks_again_within_milliseconds_then_backs_off(agent, ticket_body):
+    # An effect the provider answers at once is CONFIRMED a few milliseconds after its
+    # submission: a first look after 50 ms made an agent's wait ten times as long as the effect.
+    effect_id = created(agent, ticket_body, "t1")
+    with CaptureQueriesContext(connection) as queries:
+        assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3").status_code == 200
+    looks = [q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]]
+    # After 0, 5, 15, 35, 75 and 155 ms (pauses doubling from 5 ms): not one look in 50 ms,
+    # and not a busy loop either.
+    assert 5 <= len(looks) <= 9, len(looks)
+
+
+def test_a_wait_from_a_status_the_effect_has_left_answers_at_once(agent, ticket_body):
+    effect_id = created(agent, ticket_body, "t1")  # PREPARED
+    with CaptureQueriesContext(connection) as queries:
+        response = agent.client.get(f"/api/v1/effects/{effect_id}?wait=5&seen=DISPATCHING")
+    assert response.status_code == 200 and response.json()["status"] == "PREPARED"
+    looks = [q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]]
+    assert looks == []  # answered from the read the request made, without waiting
+    # From the status it has: a long poll as before (answers when the wait ends, unchanged).
+    same = agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.1&seen=PREPARED")
+    assert same.json()["status"] == "PREPARED"
+    bad = agent.client.get(f"/api/v1/effects/{effect_id}?wait=1&seen=DONE")
+    assert bad.status_code == 400
+    assert bad["Content-Type"] == "application/problem+json"
+    assert "seen" in bad.json()["errors"]
+
+
 def test_cancel_before_dispatch(agent, ticket_body, sandbox):
     effect_id = created(agent, ticket_body, "t1")
     response = agent.client.post(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -71,6 +72,23 @@ def test_submit_twice_with_one_key_is_one_effect_and_one_provider_operation(
     command = Command.objects.get(pk=first.effect_id)
     assert len(sandbox.operations(idempotency_key=command.provider_key)) == 1
     assert first.context == {"runtime": "python", "run_id": "run-1"}
+
+
+def test_wait_answers_at_once_for_an_effect_that_moved_on_since_the_client_looked(
+    connect, agent, sandbox, eager_tasks, monkeypatch
+):
+    # The race of every wait: the client reads PREPARED, the effect is CONFIRMED a few
+    # milliseconds later, then the long poll arrives. A poll relative to the status on arrival
+    # waited the whole poll for a further change; relative to the status the client saw
+    # (``seen``), it answers at once.
+    client = connect(agent)
+    submitted = client.submit("ticket.create", QUEUE, TICKET, key="ticket.create:support:race:v1")
+    assert submitted.status == "PREPARED"  # the answer; dispatched (eagerly) once committed
+    monkeypatch.setattr(client, "get", lambda effect_id: submitted)  # the client's stale look
+    started = time.monotonic()
+    done = client.wait(submitted.effect_id, timeout=8)
+    assert done.status == "CONFIRMED"
+    assert time.monotonic() - started < 4  # not the 8 s poll
 
 
 def test_same_key_other_payload_raises_key_mismatch_saying_the_fix(connect, agent, sandbox):

@@ -167,7 +167,9 @@ export class GatewayClient {
       const remaining = (deadline - Date.now()) / 1000;
       if (remaining <= 0) break;
       const poll = Math.min(remaining, MAX_POLL_SECONDS);
-      const path = `/api/v1/effects/${encodeURIComponent(effectId)}?wait=${poll.toFixed(2)}`;
+      // `seen`: the status this client saw; if the effect moved on since, the poll answers at once.
+      const query = `wait=${poll.toFixed(2)}&seen=${encodeURIComponent(effect.status)}`;
+      const path = `/api/v1/effects/${encodeURIComponent(effectId)}?${query}`;
       const response = await this.request("GET", path, { timeoutMs: poll * 1000 + this.timeoutMs });
       effect = (await response.json()) as Effect;
     }

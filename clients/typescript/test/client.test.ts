@@ -72,6 +72,9 @@ test("wait long-polls until the effect is settled", async () => {
   const done = await client.wait("eff_1", { timeoutSeconds: 5 });
   assert.equal(done.status, "CONFIRMED");
   assert.match(seen[1].url ?? "", /\?wait=\d/);
+  // Each poll names the status the client saw, so an effect that moved on answers at once.
+  assert.match(seen[1].url ?? "", /&seen=AWAITING_APPROVAL$/);
+  assert.match(seen[2].url ?? "", /&seen=DISPATCHING$/);
 });
 
 test("problems become typed errors with the problem document", async () => {

@@ -32,7 +32,9 @@ The product's closed loop (``--loop``): by default a client thread sends its nex
 once the last is answered, so ``c`` bounds the submissions in flight and the effects queue
 behind them; the floor's threads each finish an effect before the next. ``--loop effect``
 makes a client thread wait until its effect is CONFIRMED, so that ``c`` effects are in flight
-on both sides (gateway.lib.benchclient.Oracle says how it learns of it).
+on both sides (gateway.lib.benchclient.Oracle says how it learns of it); ``--loop api`` learns
+of it as an agent does, through ``GET /api/v1/effects/{id}?wait=``, whose cost is then the
+product's (and whose caps on open long polls answer 429 beyond a few per web process).
 
 Autovacuum analyzes a table once a tenth of it has changed, so an empty ledger's growing tables
 are analyzed about every second, and in the paced passes those analyses set the submissions'
@@ -73,6 +75,12 @@ from gateway.providers.sandbox import SandboxProvider, SandboxServer
 ROOT = Path(settings.BASE_DIR)
 PROVIDERS = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
 TICKS = os.sysconf("SC_CLK_TCK")
+# What a client thread waits for before its next submission, per --loop.
+WAITS_FOR = {
+    "submission": "its answer",
+    "effect": "its effect, CONFIRMED in the ledger",
+    "api": "its effect, through the API's long poll",
+}
 BODY = {
     "type": "ticket.create",
     "resource": {"type": "queue", "id": "bench"},
@@ -264,10 +272,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--loop",
             default="submission",
-            choices=["submission", "effect"],
+            choices=["submission", "effect", "api"],
             help="what a client thread waits for before its next submission: the answer (c "
-            "submissions in flight, the effects queue behind them) or its effect CONFIRMED in "
-            "the ledger (c effects in flight, as in the floor; gateway.lib.benchclient.Oracle)",
+            "submissions in flight, the effects queue behind them), its effect CONFIRMED in "
+            "the ledger (c effects in flight, as in the floor; gateway.lib.benchclient.Oracle), "
+            "or the same learnt through the API's long poll, as an agent learns it (api)",
         )
         parser.add_argument(
             "--ledger",
@@ -765,7 +774,7 @@ class Command(BaseCommand):
             f"{o['web_workers']}×{o['web_threads']} threads, "
             f"{o['worker_processes']} Celery worker(s) ×"
             f"{o['worker_concurrency']} {o['worker_pool']}, floor pool {o['floor_pool']}, "
-            f"tenants {o['tenants']}, loop: a client waits for its {o['loop']}"
+            f"tenants {o['tenants']}, a client thread waits for {WAITS_FOR[o['loop']]}"
             + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
             + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"

@@ -125,7 +125,9 @@ class AsyncGatewayClient:
             response = await self._request(
                 "GET",
                 f"/api/v1/effects/{effect_id}",
-                params={"wait": f"{poll:.2f}"},
+                # The status this client saw: if the effect moved on since, the poll answers
+                # at once instead of waiting for a further change.
+                params={"wait": f"{poll:.2f}", "seen": effect.status},
                 timeout=poll + self.timeout,
             )
             effect = Effect.from_json(response.json())
