@@ -65,6 +65,16 @@ def test_the_floor_executes_every_effect_once_and_records_it(
     assert len(rows) == 12 and all(op for _, _, op in rows)
 
 
+def _send_json(handler: BaseHTTPRequestHandler, status: int, document: dict) -> None:
+    """Answer ``document`` as JSON on a kept-alive connection."""
+    body = json.dumps(document).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _ClosingHandler(BaseHTTPRequestHandler):
     """Answers as HTTP/1.1 (so the client keeps the connection) and then closes it anyway,
     as a server does with a kept-alive connection it timed out."""
@@ -75,12 +85,7 @@ class _ClosingHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers["Content-Length"])
         self.seen.append(json.loads(self.rfile.read(length))["n"])
-        body = json.dumps({"effect_id": f"eff_{len(self.seen)}"}).encode()
-        self.send_response(201)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send_json(self, 201, {"effect_id": f"eff_{len(self.seen)}"})
         self.close_connection = True  # without saying so in a header
 
     def log_message(self, *args):
@@ -117,12 +122,7 @@ class _SlowHandler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.arrivals.append(time.perf_counter())
         time.sleep(self.delay)
-        body = json.dumps({"effect_id": f"eff_{len(self.arrivals)}"}).encode()
-        self.send_response(201)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send_json(self, 201, {"effect_id": f"eff_{len(self.arrivals)}"})
 
     def log_message(self, *args):
         pass
@@ -236,12 +236,7 @@ class _EffectHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         self.paths.append(self.path)
         status, effect_status = self.script.pop(0)
-        body = json.dumps({"effect_id": "eff_1", "status": effect_status}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send_json(self, status, {"effect_id": "eff_1", "status": effect_status})
 
     def log_message(self, *args):
         pass
