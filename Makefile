@@ -27,7 +27,7 @@ PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, PYTHON (interpreter for a new .venv)."
+	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, BENCH_ARGS, PYTHON (interpreter for a new .venv)."
 	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: PostgreSQL and Valkey from"
 	@echo "             wheels, started and stopped by make demo / make test themselves)."
 
@@ -100,8 +100,8 @@ fmt: install ## Format the code and apply ruff's safe fixes
 demo: install ## Run the whole product locally: web :8000, worker, beat, sandbox :8765
 	$(PY) manage.py demo $(DEMO_ARGS)
 
-bench: install ## Run the benchmark
-	$(PY) manage.py bench
+bench: install ## Run the benchmark (BENCH_ARGS="--ledger 200000 --loop effect --paced 0.5", say)
+	$(PY) manage.py bench $(BENCH_ARGS)
 
 clean: ## Remove .venv, var/ (the demo's database, broker, sandbox log, tokens) and caches
 	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ .mypy_cache/ .import_linter_cache/ ./*.egg-info
