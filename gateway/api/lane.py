@@ -43,7 +43,7 @@ from gateway.api.inputs import idempotency_key_from
 from gateway.api.parsers import UTF8_NAMES, StrictJSONParser, charset_of
 from gateway.api.problems import problem_exception_handler
 from gateway.api.serializers import CommandSubmitSerializer, EffectSerializer
-from gateway.api.views import _parse_seen, _parse_wait, _wait_for_change
+from gateway.api.views import _must_wait, _parse_seen, _parse_wait, _wait_for_change
 from gateway.api.waits import wait_slot
 from gateway.contracts import CONTRACTS
 from gateway.errors import ValidationProblem
@@ -208,9 +208,9 @@ def effect(request: HttpRequest, pk: str) -> HttpResponse:
         found = selectors.effect_get(principal=caller.principal, effect_id=pk)
         wait = _parse_wait(request.GET.get("wait"))
         seen = _parse_seen(request.GET.get("seen"))
-        if wait:
+        if _must_wait(found, wait, seen):
             with wait_slot(cast(Any, caller)):  # 429 when the caller or this node has too many
-                found = _wait_for_change(found, wait, seen=seen)
+                found = _wait_for_change(found, wait)
         body = _effect_body(caller.principal, found)
     except Exception as exc:
         return _problem(exc, _EFFECT_ALLOW)

@@ -168,9 +168,9 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         effect = self.get_object()
         wait = _parse_wait(request.query_params.get("wait"))
         seen = _parse_seen(request.query_params.get("seen"))
-        if wait:
+        if _must_wait(effect, wait, seen):
             with wait_slot(request):  # 429 when the caller or this node has too many open
-                effect = _wait_for_change(effect, wait, seen=seen)
+                effect = _wait_for_change(effect, wait)
         return Response(self.get_serializer(effect).data)
 
     @extend_schema(responses=EffectEventSerializer(many=True))
@@ -300,16 +300,19 @@ FIRST_PAUSE = 0.005
 LONGEST_PAUSE = 0.5
 
 
-def _wait_for_change(effect: Effect, seconds: float, *, seen: str | None = None) -> Effect:
-    """Poll the one status column until it differs from what the caller saw: ``seen``, or
-    when not given the status ``effect`` had when the request read it.
+def _must_wait(effect: Effect, wait: float, seen: str | None) -> bool:
+    """Whether a request for ``effect`` long-polls: it asked to wait, and the effect is still
+    in the status the caller last saw (``seen``, when it names one).
 
-    With ``seen``, an effect that moved on between the caller's last look and this request
-    answers at once: an agent that read DISPATCHING and then asked to wait used to be held for
-    the whole wait by an effect that was CONFIRMED in between (a few milliseconds, for a
-    provider that answers at once)."""
-    if seen is not None and effect.status != seen:
-        return effect
+    An effect that moved on between the caller's last look and this request answers at once,
+    without a long-poll slot: an agent that read DISPATCHING and then asked to wait used to be
+    held for the whole wait by an effect CONFIRMED in between (a few milliseconds, for a
+    provider that answers at once), and one at its cap of open waits was answered 429."""
+    return bool(wait) and (seen is None or effect.status == seen)
+
+
+def _wait_for_change(effect: Effect, seconds: float) -> Effect:
+    """Poll the one status column until it differs from the one ``effect`` has."""
     deadline = time.monotonic() + seconds
     seen = effect.status
     pause = FIRST_PAUSE

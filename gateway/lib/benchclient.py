@@ -104,7 +104,9 @@ class Oracle:
                 if left <= 0:
                     self._waiting.discard(effect_id)
                     return False
-                self._changed.wait(left)
+                if not self._thread.is_alive():  # its connection failed: nobody will say
+                    raise RuntimeError("the oracle stopped; see the client's stderr")
+                self._changed.wait(min(left, 1))
             self._confirmed.discard(effect_id)
             return True
 

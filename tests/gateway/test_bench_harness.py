@@ -272,3 +272,15 @@ def test_the_api_loop_knows_the_gateways_open_statuses():
     from gateway.choices import SETTLED, EffectStatus
 
     assert set(EffectStatus.values) - SETTLED == benchclient.OPEN
+
+
+# The oracle's thread dies of the refused connection and prints it (to the client's stderr).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_oracle_that_cannot_read_the_ledger_fails_its_waits_at_once():
+    # Its connection refused: a wait must say so, not sit out its timeout for every effect.
+    oracle = benchclient.Oracle("host=127.0.0.1 port=9 dbname=none connect_timeout=1").start()
+    try:
+        with pytest.raises(RuntimeError, match="oracle stopped"):
+            oracle.wait("eff_1", timeout=30)
+    finally:
+        oracle.stop()

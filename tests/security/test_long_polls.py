@@ -62,3 +62,14 @@ def test_waits_are_capped_per_token_and_per_process(
 def test_a_bad_wait_is_400(agent, refund_body, wait):
     effect_id = agent.submit(refund_body, "k").json()["effect_id"]
     assert agent.client.get(f"/api/v1/effects/{effect_id}?wait={wait}").status_code == 400
+
+
+def test_a_wait_that_would_answer_at_once_needs_no_slot(caps, agent, ticket_body):
+    # No slot left on this process: every wait is 429 — except one for an effect that has
+    # already left the status the caller saw, which answers without waiting at all.
+    caps.GATEWAY_MAX_WAITS_PER_PROCESS = 0
+    effect_id = agent.submit(ticket_body, "t").json()["effect_id"]  # PREPARED
+    path = f"/api/v1/effects/{effect_id}"
+    assert agent.client.get(f"{path}?wait=1&seen=PREPARED").status_code == 429
+    moved_on = agent.client.get(f"{path}?wait=1&seen=DISPATCHING")
+    assert moved_on.status_code == 200 and moved_on.json()["status"] == "PREPARED"
