@@ -12,7 +12,7 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         # Make our Celery app the current one in every process that loads Django (web nodes
         # send tasks with shared_task.delay, which uses the current app's broker).
-        from gateway import capabilities, checks, hooks, lockout  # noqa: F401  (checks, lockout: receivers)
+        from gateway import capabilities, checks, hooks, lockout, moves  # noqa: F401  (checks, lockout: receivers)
         from gateway.celery import app  # noqa: F401
         from gateway.dispatcher import announce_due, drainers_at_work, wake_due
         from gateway.tasks import dispatch_due, dispatch_effect
@@ -27,3 +27,5 @@ class GatewayConfig(AppConfig):
         hooks.drainers_at_work.bind(partial(drainers_at_work, dispatch_due))
         # A never-sent command gives its capability budget back, with the transition.
         hooks.after_transition.register(capabilities.capability_release_unsent)
+        # The long polls waiting on an effect hear of its change after commit.
+        hooks.after_transition.register(moves.after_transition)

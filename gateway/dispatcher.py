@@ -79,8 +79,9 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from gateway import fastpath, services
+from gateway import fastpath, moves, services
 from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
+from gateway.lib import broker
 from gateway.lib.failpoints import failpoint
 
 logger = logging.getLogger(__name__)
@@ -97,20 +98,6 @@ AT_WORK_SECONDS = 5.0
 
 
 # --- the due flag ------------------------------------------------------------------------------
-
-
-@cache
-def _redis() -> redis.Redis:
-    """This process's client of the broker's Redis (its connection pool starts over after a
-    fork). Short timeouts: a submission must not hang on a broker that is down."""
-    return redis.Redis.from_url(_redis_url(), socket_timeout=2, socket_connect_timeout=2)
-
-
-def _redis_url() -> str:
-    url = settings.CELERY_BROKER_URL
-    if url.startswith("redis+socket://"):  # kombu's spelling of a unix socket
-        url = "unix://" + url.removeprefix("redis+socket://")
-    return url
 
 
 # Set the flag if nobody holds it, and only then push a wake-up for one drainer: one round
@@ -133,46 +120,7 @@ _WAKE_TTL_MS = 60_000  # a list nobody pops for this long is dropped
 
 @cache
 def _announce_script() -> Any:
-    return _redis().register_script(_ANNOUNCE)
-
-
-class _Connection(threading.local):
-    """This thread's own connection to the broker's Redis, for the flag's commands, which
-    run at every submission and around every drain's claims: redis-py's client spends about
-    75 µs of CPU on a command (its pool, retries and events), a connection of one's own with
-    the command packed once about 30 (the round trip's system calls)."""
-
-    owner: tuple[int, int] = (0, 0)  # (process, client) it was made for
-    connection: Any = None
-
-
-_connection = _Connection()
-
-
-def _run(packed: list[bytes], retry: bool = True) -> Any:
-    """One packed command on this thread's connection; its reply (an error reply raised). A
-    connection that broke (Redis restarted) is replaced once, then the error is raised: the
-    callers' answer to a broker that is down (the sweeper sends what is due)."""
-    client = _redis()
-    owner = (os.getpid(), id(client))  # a forked child, or a client swapped by a test
-    if _connection.owner != owner or _connection.connection is None:
-        _connection.owner, _connection.connection = owner, client.connection_pool.make_connection()
-    connection = _connection.connection
-    try:
-        connection.send_packed_command(packed, check_health=False)
-        return connection.read_response()
-    except (redis.ConnectionError, redis.TimeoutError):
-        connection.disconnect()
-        if not retry:
-            raise
-        return _run(packed, retry=False)
-    except redis.ResponseError:
-        raise  # an error reply, read in full: the connection is still in step
-    except BaseException:
-        # Anything else may leave a reply unread on the socket, to be read later as the
-        # answer to another command: start the next one on a new connection.
-        connection.disconnect()
-        raise
+    return broker.client().register_script(_ANNOUNCE)
 
 
 class DueFlag:
@@ -194,9 +142,7 @@ class DueFlag:
         key = tuple(map(str, args))
         packed = self._packed.get(key)
         if packed is None:
-            packed = self._packed[key] = (
-                _redis().connection_pool.make_connection().pack_command(*args)
-            )
+            packed = self._packed[key] = broker.pack(*args)
         return packed
 
     def announce(self, reason: str = "due") -> bool:
@@ -208,7 +154,7 @@ class DueFlag:
             self._ttl_ms(), reason, -_WAKE_KEEP, _WAKE_TTL_MS,
         )  # fmt: skip
         try:
-            return bool(_run(command))
+            return bool(broker.run(command))
         except redis.exceptions.NoScriptError:
             # Redis lost its script cache (restarted): redis-py's call loads it again.
             keys = [self.key, self.wake_key]
@@ -216,7 +162,7 @@ class DueFlag:
 
     def wake(self, reason: str) -> None:
         """Push a wake-up past the flag: one more drainer (a backlog shared out)."""
-        pipe = _redis().pipeline(transaction=False)
+        pipe = broker.client().pipeline(transaction=False)
         pipe.rpush(self.wake_key, reason)
         pipe.ltrim(self.wake_key, -_WAKE_KEEP, -1)
         pipe.pexpire(self.wake_key, _WAKE_TTL_MS)
@@ -228,11 +174,11 @@ class DueFlag:
         return client.blpop([self.wake_key], timeout=timeout) is not None
 
     def clear(self) -> None:
-        _run(self._command("DEL", self.key))
+        broker.run(self._command("DEL", self.key))
 
     def hold(self) -> None:
         """Set it again, whoever set it before: a drainer that found work after its clear."""
-        _run(self._command("SET", self.key, "1", "PX", self._ttl_ms()))
+        broker.run(self._command("SET", self.key, "1", "PX", self._ttl_ms()))
 
     def at_work(self) -> None:
         """A drainer of this queue claimed work: for ``AT_WORK_SECONDS`` the queue counts as
@@ -244,10 +190,10 @@ class DueFlag:
         if now - self._marked_at < AT_WORK_SECONDS / 3:
             return
         self._marked_at = now
-        _run(self._command("SET", self.work_key, "1", "PX", int(AT_WORK_SECONDS * 1000)))
+        broker.run(self._command("SET", self.work_key, "1", "PX", int(AT_WORK_SECONDS * 1000)))
 
     def someone_at_work(self) -> bool:
-        return bool(_run(self._command("EXISTS", self.work_key)))
+        return bool(broker.run(self._command("EXISTS", self.work_key)))
 
 
 def announce_due(task: Any, effect_id: str = "") -> None:
@@ -538,6 +484,7 @@ class _Drainer:
                 "effect claimed", extra={"effect_id": claim.effect_id, "fence": claim.fence}
             )
             self.pool.submit(self._send, claim, self.answers)
+        moves.after_commit(claim.effect_id for claim in batch.claims)  # DISPATCHING, for waits
         self.out += len(batch.claims)
         self.sent += len(batch.claims)
         if self.last_full and self.out >= self.limit and not self.helped:
@@ -681,6 +628,7 @@ class _Drainer:
         if not answers:
             return
         written = record_batch(answers=answers, worker=self.worker, now=now)
+        moves.after_commit(written)
         for answer in answers:
             if answer.claim.effect_id in written:
                 services.log_recorded(answer.claim.effect_id, answer.result)
@@ -774,7 +722,7 @@ class Drainers:
 
         # A connection of its own that may block past the flag client's socket timeout.
         client = redis.Redis.from_url(
-            _redis_url(), socket_timeout=self.WAIT_SECONDS + 5, socket_connect_timeout=2
+            broker.url(), socket_timeout=self.WAIT_SECONDS + 5, socket_connect_timeout=2
         )
         waits, drains = _FailureStreak("waiting for wake-ups"), _FailureStreak("a drain")
         while not self.stopping.is_set():

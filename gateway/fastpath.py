@@ -58,6 +58,9 @@ _ACCOUNTED_LISTENERS = frozenset(
         "gateway.webhooks.apps.announce_transition",
         # both statements require c.saga_id = ''
         "sagas.listeners.advance_after_transition",
+        # their callers publish what the statements changed (services._dispatch_fast and the
+        # drainer's claim and record: gateway.moves)
+        "gateway.moves.after_transition",
     }
 )
 _ACCOUNTED_HOLDS = frozenset({"frozen saga"})  # the claim requires c.saga_id = ''

@@ -26,7 +26,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
-from gateway import audit, capabilities, fastpath, hooks, ledger
+from gateway import audit, capabilities, fastpath, hooks, ledger, moves
 from gateway.choices import APPROVER_ROLES as APPROVER_ROLES
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -814,6 +814,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if claim is None:
         return None
     logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     sent = fast_send(claim)
     if sent.result is None:
@@ -828,6 +829,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         fields=fast_fields(claim, sent.result, now),
         now=now,
     ):
+        moves.after_commit([effect_id])
         log_recorded(effect_id, sent.result)
     else:  # stale, or a compensation / saga / webhook endpoint needs the general record
         fast_record_general(claim, sent.result, worker=worker)

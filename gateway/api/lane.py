@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse
@@ -37,7 +38,7 @@ from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from gateway import selectors, services
+from gateway import moves, selectors, services
 from gateway.api.auth import BearerTokenAuthentication, PrincipalUser
 from gateway.api.inputs import idempotency_key_from
 from gateway.api.parsers import UTF8_NAMES, StrictJSONParser, charset_of
@@ -129,9 +130,14 @@ def _caller(request: HttpRequest) -> Caller:
 
 
 def _effect_body(principal: Principal, effect: Effect) -> dict[str, Any]:
+    """A submission's effect: the general path answers with a model it did not read back
+    whole (the fast path's carries its receipt, ``_latest_receipt``)."""
     if not hasattr(effect, "_latest_receipt"):
-        # The general path answered with a model it did not read back whole.
         effect = selectors.effect_get(principal=principal, effect_id=effect.pk)
+    return _represented(principal, effect)
+
+
+def _represented(principal: Principal, effect: Effect) -> dict[str, Any]:
     return EffectSerializer(context={"principal": principal}).to_representation(effect)
 
 
@@ -205,13 +211,21 @@ def effect(request: HttpRequest, pk: str) -> HttpResponse:
     """``EffectViewSet.retrieve``, in the lane (with its ``?wait=`` long poll)."""
     try:
         caller = _caller(request)
-        found = selectors.effect_get(principal=caller.principal, effect_id=pk)
-        wait = _parse_wait(request.GET.get("wait"))
-        seen = _parse_seen(request.GET.get("seen"))
-        if _must_wait(found, wait, seen):
-            with wait_slot(cast(Any, caller)):  # 429 when the caller or this node has too many
-                found = _wait_for_change(found, wait)
-        body = _effect_body(caller.principal, found)
+        # Listening before the read: a change committed after it is news to the wait.
+        with moves.news_of(pk if "wait" in request.GET else None) as moved:
+            found = selectors.effect_get(principal=caller.principal, effect_id=pk)
+            wait = _parse_wait(request.GET.get("wait"))
+            seen = _parse_seen(request.GET.get("seen"))
+            if _must_wait(found, wait, seen):
+                # 429 when the caller or this node has too many open
+                with wait_slot(cast(Any, caller)):
+                    found = _wait_for_change(
+                        found,
+                        wait,
+                        moved,
+                        partial(selectors.effect_get, principal=caller.principal, effect_id=pk),
+                    )
+        body = _represented(caller.principal, found)  # read whole by effect_get
     except Exception as exc:
         return _problem(exc, _EFFECT_ALLOW)
     return _json_response(body, 200, _EFFECT_ALLOW)

@@ -4,7 +4,10 @@ answer with the output serializer; errors leave through gateway.api.problems."""
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
@@ -17,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway import capabilities, selectors, services
+from gateway import capabilities, moves, selectors, services
 from gateway.api.auth import principal_of
 from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import (
@@ -165,12 +168,14 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         ]
     )
     def retrieve(self, request, *args, **kwargs):
-        effect = self.get_object()
-        wait = _parse_wait(request.query_params.get("wait"))
-        seen = _parse_seen(request.query_params.get("seen"))
-        if _must_wait(effect, wait, seen):
-            with wait_slot(request):  # 429 when the caller or this node has too many open
-                effect = _wait_for_change(effect, wait)
+        # Listening before the read: a change committed after it is news to the wait.
+        with moves.news_of(self.kwargs["pk"] if "wait" in request.query_params else None) as moved:
+            effect = self.get_object()
+            wait = _parse_wait(request.query_params.get("wait"))
+            seen = _parse_seen(request.query_params.get("seen"))
+            if _must_wait(effect, wait, seen):
+                with wait_slot(request):  # 429 when the caller or this node has too many open
+                    effect = _wait_for_change(effect, wait, moved, self.get_object)
         return Response(self.get_serializer(effect).data)
 
     @extend_schema(responses=EffectEventSerializer(many=True))
@@ -292,10 +297,11 @@ def _parse_seen(raw: str | None) -> str | None:
     return raw
 
 
-# A long poll's pauses between looks at the status: the first short, because an effect the
-# provider answers at once is CONFIRMED a few milliseconds after its submission (a first look
-# after 50 ms made an agent's wait for such an effect ten times as long as the effect took);
-# then doubling, so that a long wait costs about two looks a second.
+# A long poll's pauses between looks at the status while nothing tells it of changes (the
+# listener of gateway.moves not subscribed): the first short, because an effect the provider
+# answers at once is CONFIRMED a few milliseconds after its submission (a first look after
+# 50 ms made an agent's wait for such an effect ten times as long as the effect took); then
+# doubling, so that a long wait costs about two looks a second.
 FIRST_PAUSE = 0.005
 LONGEST_PAUSE = 0.5
 
@@ -311,20 +317,47 @@ def _must_wait(effect: Effect, wait: float, seen: str | None) -> bool:
     return bool(wait) and (seen is None or effect.status == seen)
 
 
-def _wait_for_change(effect: Effect, seconds: float) -> Effect:
-    """Poll the one status column until it differs from the one ``effect`` has."""
+def _wait_for_change(
+    effect: Effect,
+    seconds: float,
+    moved: threading.Event | None = None,
+    read: Callable[[], Effect] | None = None,
+) -> Effect:
+    """Until the effect's status differs from the one ``effect`` was read with, or for
+    ``seconds``; the effect as it is then.
+
+    ``moved``: set by the news of a change (gateway.moves), registered before ``effect`` was
+    read. News makes it read the effect at once; without news it looks at the one status
+    column after ``moves.FALLBACK_PAUSE``, or, while the news cannot arrive (the listener not
+    subscribed), after growing pauses. ``read``: how the answer reads the effect (as the
+    request read it: the caller's view of it)."""
+    moved = moved or threading.Event()
+    read = read or partial(_effect_for_answer, effect.pk)
     deadline = time.monotonic() + seconds
     seen = effect.status
     pause = FIRST_PAUSE
-    while time.monotonic() < deadline:
-        current = Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first()
-        if current != seen:
+    while (remaining := deadline - time.monotonic()) > 0:
+        if moves.listener.subscribed:
+            woken = moved.wait(min(moves.FALLBACK_PAUSE, remaining))
+        else:
+            woken = moved.wait(min(pause, remaining))
+            pause = min(pause * 2, LONGEST_PAUSE)
+        moved.clear()  # before the read: news of a later change wakes the next wait
+        if woken:
+            fresh = read()
+            if fresh.status != seen:
+                return fresh
+        elif time.monotonic() >= deadline:
+            break  # the answer's read is the last look
+        elif Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first() != seen:
             break
-        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-        pause = min(pause * 2, LONGEST_PAUSE)
+    return read()
+
+
+def _effect_for_answer(effect_id: str) -> Effect:
     return Effect.objects.select_related(
         "command", "command__requested_by", "approved_by", "tenant"
-    ).get(pk=effect.pk)
+    ).get(pk=effect_id)
 
 
 class EffectTypesView(APIView):

@@ -20,6 +20,7 @@ from django.utils import timezone
 from gateway import capabilities, dispatcher, fastpath, fastpath_batch, hooks, services
 from gateway.checkpoints import receipt_seal
 from gateway.choices import Outcome
+from gateway.lib import broker
 from gateway.models import Attempt, Capability, Effect, EffectEvent, Principal, Receipt
 from gateway.providers.base import CallResult, ProviderOperation
 from tests.conftest import REFUND, TICKET, Persona
@@ -489,12 +490,12 @@ def queue():
     yield name
     flag = dispatcher.DueFlag(name)
     flag.clear()
-    dispatcher._redis().delete(flag.wake_key)
+    broker.client().delete(flag.wake_key)
 
 
 def wake_ups(queue: str) -> list[bytes]:
     """The wake-ups waiting for the queue's drainers, oldest first."""
-    return dispatcher._redis().lrange(dispatcher.DueFlag(queue).wake_key, 0, -1)
+    return broker.client().lrange(dispatcher.DueFlag(queue).wake_key, 0, -1)
 
 
 def test_while_the_flag_stands_submissions_wake_nobody(queue):
@@ -509,7 +510,7 @@ def test_while_the_flag_stands_submissions_wake_nobody(queue):
 
 
 def test_a_redis_that_lost_its_scripts_still_gets_the_announce(queue):
-    dispatcher._redis().script_flush()  # as after a restart
+    broker.client().script_flush()  # as after a restart
     assert dispatcher.DueFlag(queue).announce("after flush")
     assert wake_ups(queue) == [b"after flush"]
 
@@ -518,8 +519,8 @@ def test_a_connection_cut_under_the_flag_is_replaced(queue):
     """The thread's own connection to Redis broke (Redis restarted, a proxy timed it out):
     the next command reconnects instead of failing a submission."""
     flag = dispatcher.DueFlag(queue)
-    client_id = dispatcher._run(flag._command("CLIENT", "ID"))  # this thread's connection
-    dispatcher._redis().client_kill_filter(_id=client_id)
+    client_id = broker.run(flag._command("CLIENT", "ID"))  # this thread's connection
+    broker.client().client_kill_filter(_id=client_id)
     assert flag.announce("after the cut")
     assert wake_ups(queue) == [b"after the cut"]
 
@@ -529,9 +530,9 @@ def test_the_flag_and_its_wake_up_expire(queue, settings):
     flag = dispatcher.DueFlag(queue)
     assert flag.announce("first")
     assert not flag.announce("second")
-    assert 0 < dispatcher._redis().pttl(flag.key) <= 200
+    assert 0 < broker.client().pttl(flag.key) <= 200
     # Nobody listening for a minute: the list goes, a starting worker announces anyway.
-    assert 0 < dispatcher._redis().pttl(flag.wake_key) <= 60_000
+    assert 0 < broker.client().pttl(flag.wake_key) <= 60_000
     time.sleep(0.3)
     assert flag.announce("third")
     assert wake_ups(queue) == [b"first", b"third"]
@@ -556,7 +557,7 @@ def test_a_broker_that_is_down_raises_and_sets_nothing(queue, monkeypatch):
     import redis
 
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
-    monkeypatch.setattr(dispatcher, "_redis", lambda: dead)
+    monkeypatch.setattr(broker, "client", lambda: dead)
     dispatcher._announce_script.cache_clear()
     try:
         with pytest.raises(redis.ConnectionError):
@@ -606,7 +607,7 @@ def test_a_broker_that_is_down_for_the_flag_still_answers_201(sandbox, agent, mo
 
     # The flag's Redis refuses connections (not in eager mode, where no flag is used).
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
-    monkeypatch.setattr(dispatcher, "_redis", lambda: dead)
+    monkeypatch.setattr(broker, "client", lambda: dead)
     created = agent.submit(ticket("flag down"), "flag-down")
     assert created.status_code == 201, created.content
     effect_id = created.json()["effect_id"]
@@ -758,7 +759,7 @@ def swept(monkeypatch, queue):
     monkeypatch.setattr(hooks.wake_sender, "_send", flag.wake)
     monkeypatch.setattr(hooks.drainers_at_work, "_ask", flag.someone_at_work)
     yield one_by_one
-    dispatcher._redis().delete(flag.work_key)
+    broker.client().delete(flag.work_key)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -817,7 +818,7 @@ def test_while_a_drainer_is_at_work_the_sweep_leaves_the_backlog_to_the_drains(a
     flag.at_work()
     assert services.dispatch_sweep() == 3
     assert swept == [] and wake_ups(queue) == [b"sweep: 3 overdue"]
-    dispatcher._redis().delete(flag.work_key)  # the drainers stopped claiming
+    broker.client().delete(flag.work_key)  # the drainers stopped claiming
     overdue(ids, waited=8 * after)
     assert services.dispatch_sweep() == 3
     assert sorted(swept) == sorted(ids)
@@ -831,7 +832,7 @@ def test_a_drain_that_claims_marks_its_queue_at_work(sandbox, agent, queue, full
     try:
         assert dispatcher.drain(flag=flag, worker="test") == 3
         assert flag.someone_at_work()
-        assert 0 < dispatcher._redis().pttl(flag.work_key) <= dispatcher.AT_WORK_SECONDS * 1000
+        assert 0 < broker.client().pttl(flag.work_key) <= dispatcher.AT_WORK_SECONDS * 1000
     finally:
-        dispatcher._redis().delete(flag.work_key)
+        broker.client().delete(flag.work_key)
     assert {status(effect_id) for effect_id in ids} == {"CONFIRMED"}

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from gateway.celery import app as celery_app
+from gateway.lib import broker
 from gateway.models import Attempt, Effect
 from tests.support import crash
 from tests.support.processes import Celery, new_queue, wait_until
@@ -133,9 +134,8 @@ def wait_confirmed(ids: list[str], *, what: str, timeout: float) -> None:
 
 def celery_messages(queue: str) -> int:
     """Messages waiting in the queue's Redis list (what Celery publishes to it)."""
-    from gateway import dispatcher
 
-    return dispatcher._redis().llen(queue)
+    return broker.client().llen(queue)
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gateway import services
+from gateway import moves, services
 from gateway.models import Effect, EffectEvent
 
 pytestmark = pytest.mark.django_db
@@ -105,9 +105,13 @@ def test_wait_without_change_returns_the_same_status(agent, ticket_body):
     assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=soon").status_code == 400
 
 
-def test_a_wait_looks_again_within_milliseconds_then_backs_off(agent, ticket_body):
+def test_without_news_a_wait_looks_again_within_milliseconds_then_backs_off(
+    agent, ticket_body, monkeypatch
+):
     # An effect the provider answers at once is CONFIRMED a few milliseconds after its
     # submission: a first look after 50 ms made an agent's wait ten times as long as the effect.
+    # So it is while the news of changes cannot arrive (gateway.moves: Redis unreachable).
+    monkeypatch.setattr(moves.Listener, "subscribed", property(lambda self: False))
     effect_id = created(agent, ticket_body, "t1")
     with CaptureQueriesContext(connection) as queries:
         assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3").status_code == 200
@@ -115,6 +119,23 @@ def test_a_wait_looks_again_within_milliseconds_then_backs_off(agent, ticket_bod
     # After 0, 5, 15, 35, 75 and 155 ms (pauses doubling from 5 ms): not one look in 50 ms,
     # and not a busy loop either.
     assert 5 <= len(looks) <= 9, len(looks)
+
+
+def test_with_news_a_wait_does_not_poll(agent, ticket_body):
+    # Woken by the news of a change (tests/gateway/test_moves.py), a wait need not look at
+    # the status at all before its half-second fallback: it reads the effect to answer.
+    moves.listener.start()
+    deadline = time.monotonic() + 5
+    while not moves.listener.subscribed:
+        assert time.monotonic() < deadline, "the listener did not subscribe"
+        time.sleep(0.01)
+    effect_id = created(agent, ticket_body, "t1")
+    with CaptureQueriesContext(connection) as queries:
+        assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3").status_code == 200
+    looks = [q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]]
+    assert looks == [], len(looks)
+    reads = [q for q in queries.captured_queries if 'FROM "gateway_effect"' in q["sql"]]
+    assert len(reads) == 2, len(reads)  # the request's, the answer's
 
 
 def test_a_wait_from_a_status_the_effect_has_left_answers_at_once(agent, ticket_body):
@@ -297,3 +318,13 @@ def test_unknown_api_path_is_a_problem(client):
     response = client.get("/api/v1/nowhere")
     assert response.status_code == 404
     assert response.headers["Content-Type"] == "application/problem+json"
+
+
+def test_reading_an_effect_reads_it_once(agent, ticket_body):
+    # The lane's answer used to read the effect a second time to represent it.
+    effect_id = created(agent, ticket_body, "t1")
+    with CaptureQueriesContext(connection) as queries:
+        response = agent.client.get(f"/api/v1/effects/{effect_id}")
+    assert response.status_code == 200 and response.json()["effect_id"] == effect_id
+    reads = [q for q in queries.captured_queries if 'FROM "gateway_effect"' in q["sql"]]
+    assert len(reads) == 1, len(reads)
