@@ -142,13 +142,17 @@ OPEN = frozenset(
 )  # fmt: skip
 
 
-def wait_through_api(conn: Connection, token: str, effect_id: str) -> str:
-    """Until the effect has settled, as an agent waits with effect_gateway_client: a look,
-    then long polls (``?wait=``) that name the status seen; a 429 (too many long polls open)
-    waits a second, as the client's retries do. Returns the status it settled in."""
+def wait_through_api(conn: Connection, token: str, effect_id: str, seen: str = "") -> str:
+    """Until the effect has settled, as an agent waits with effect_gateway_client: long polls
+    (``?wait=``) that name the status seen, from ``seen`` (the submission's answer, as
+    ``GatewayClient.wait(effect)`` starts), or after a first look when it is not given; a 429
+    (too many long polls open) waits a second, as the client's retries do. Returns the status
+    it settled in."""
     auth = {"Authorization": f"Bearer {token}"}
     path = f"/api/v1/effects/{effect_id}"
-    query = ""
+    query = f"?wait=5&seen={seen}" if seen else ""
+    if seen and seen not in OPEN:
+        return seen
     while True:
         status, content = conn.request("GET", path + query, b"", auth)
         if status == 429:
@@ -236,11 +240,12 @@ def run(
         if status != 201:
             wrong.append(status)
             return
-        ids[index] = effect_id = json.loads(content)["effect_id"]
+        answer = json.loads(content)
+        ids[index] = effect_id = answer["effect_id"]
         if oracle is not None:
             oracle.wait(effect_id)
         if loop == "api":
-            wait_through_api(conn, tokens[index % len(tokens)], effect_id)
+            wait_through_api(conn, tokens[index % len(tokens)], effect_id, answer["status"])
 
     with ThreadPoolExecutor(concurrency) as executor:
         before = os.times()

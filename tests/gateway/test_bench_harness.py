@@ -268,6 +268,27 @@ def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
     ]
 
 
+def test_the_api_loop_starts_from_the_submissions_answer_as_the_client_does():
+    # GatewayClient.wait(effect) starts from the status submit answered: no first look.
+    _EffectHandler.paths = []
+    _EffectHandler.script = [(200, "DISPATCHING"), (200, "CONFIRMED")]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EffectHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+        settled = benchclient.wait_through_api(conn, "t", "eff_1", "PREPARED")
+        assert benchclient.wait_through_api(conn, "t", "eff_2", "CONFIRMED") == "CONFIRMED"
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert settled == "CONFIRMED"
+    assert _EffectHandler.paths == [
+        "/api/v1/effects/eff_1?wait=5&seen=PREPARED",
+        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING",
+    ]
+
+
 def test_the_api_loop_knows_the_gateways_open_statuses():
     from gateway.choices import SETTLED, EffectStatus
 
@@ -284,3 +305,14 @@ def test_an_oracle_that_cannot_read_the_ledger_fails_its_waits_at_once():
             oracle.wait("eff_1", timeout=30)
     finally:
         oracle.stop()
+
+
+def test_the_header_says_how_the_kernel_shares_the_cores(tmp_path):
+    from gateway.management.commands.bench import scheduler_grouping
+
+    setting = tmp_path / "sched_autogroup_enabled"
+    setting.write_text("1\n")
+    assert scheduler_grouping(str(setting)).startswith("autogroup")
+    setting.write_text("0\n")
+    assert scheduler_grouping(str(setting)).startswith("per thread")
+    assert scheduler_grouping(str(tmp_path / "absent")) == "unknown"

@@ -91,6 +91,21 @@ def test_wait_answers_at_once_for_an_effect_that_moved_on_since_the_client_looke
     assert time.monotonic() - started < 4  # not the 8 s poll
 
 
+def test_waiting_on_the_submitted_effect_starts_from_its_status(
+    connect, agent, sandbox, eager_tasks
+):
+    # wait(effect) starts from the status submit answered: one long poll, no first look.
+    client = connect(agent)
+    sent: list[str] = []
+    client._http.event_hooks["request"].append(lambda request: sent.append(str(request.url)))
+    submitted = client.submit("ticket.create", QUEUE, TICKET, key="ticket.create:support:w:v1")
+    assert submitted.status == "PREPARED"  # the answer; dispatched (eagerly) once committed
+    done = client.wait(submitted, timeout=8)
+    assert done.status == "CONFIRMED" and done.effect_id == submitted.effect_id
+    looks = [url for url in sent if "/api/v1/effects/" in url]
+    assert len(looks) == 1 and "seen=PREPARED" in looks[0], looks
+
+
 def test_same_key_other_payload_raises_key_mismatch_saying_the_fix(connect, agent, sandbox):
     client = connect(agent)
     client.submit("ticket.create", QUEUE, TICKET, key="ticket.create:support:printer:v1")

@@ -155,14 +155,19 @@ export class GatewayClient {
     return (await this.request("GET", `/api/v1/effects/${encodeURIComponent(effectId)}`)).json();
   }
 
-  /** Follow an effect with the long poll until its status is in `until` (default: settled). */
+  /**
+   * Follow an effect with the long poll until its status is in `until` (default: settled).
+   * Pass the effect `submit` answered to start from its status (one request fewer); an id is
+   * read first.
+   */
   async wait(
-    effectId: string,
+    effectOrId: Effect | string,
     options: { timeoutSeconds: number; until?: Iterable<string> },
   ): Promise<Effect> {
     const targets = new Set(options.until ?? SETTLED);
     const deadline = Date.now() + Math.max(options.timeoutSeconds, 0) * 1000;
-    let effect = await this.get(effectId);
+    const effectId = typeof effectOrId === "string" ? effectOrId : effectOrId.effect_id;
+    let effect = typeof effectOrId === "string" ? await this.get(effectId) : effectOrId;
     while (!targets.has(effect.status)) {
       const remaining = (deadline - Date.now()) / 1000;
       if (remaining <= 0) break;

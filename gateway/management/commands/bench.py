@@ -156,6 +156,19 @@ def web_server_command(options: dict, port: int) -> list[str]:
 # --- CPU from /proc ----------------------------------------------------------------------------
 
 
+def scheduler_grouping(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> str:
+    """How the kernel shares the cores out, which moves the ratio more than most changes to
+    the product do (docs/reliability.md, session 11). With autogroups, every session weighs
+    the same: a PostgreSQL backend (PostgreSQL gives each its own) as much as the whole web
+    server or the whole Celery worker. Without, every runnable thread weighs the same."""
+    try:
+        with open(path) as setting:
+            enabled = setting.read().strip()
+    except OSError:
+        return "unknown"
+    return "autogroup (a share per session)" if enabled == "1" else "per thread, no autogroup"
+
+
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of one process (all its threads), in seconds; 0 if it is gone."""
     try:
@@ -778,6 +791,7 @@ class Command(BaseCommand):
             + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
             + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+            + f"; scheduler: {scheduler_grouping()}"
             + f"; autovacuum: {self.autovacuum_mode}"
             + (
                 f"; ledger: {o['ledger']:,} settled effects loaded"

@@ -111,12 +111,16 @@ class AsyncGatewayClient:
         return Effect.from_json((await self._request("GET", f"/api/v1/effects/{effect_id}")).json())
 
     async def wait(
-        self, effect_id: str, timeout: float, *, until: Iterable[str] | None = None
+        self, effect: Effect | str, timeout: float, *, until: Iterable[str] | None = None
     ) -> Effect:
-        """Long poll until the status is one of ``until`` (default: settled) or ``timeout``."""
+        """Long poll until the status is one of ``until`` (default: settled) or ``timeout``.
+        Pass the ``Effect`` that ``submit`` answered to start from its status (one request
+        fewer); an effect id is read first."""
         targets = frozenset(until) if until is not None else SETTLED
         deadline = time.monotonic() + max(timeout, 0.0)
-        effect = await self.get(effect_id)
+        effect_id = effect.effect_id if isinstance(effect, Effect) else effect
+        if not isinstance(effect, Effect):
+            effect = await self.get(effect_id)
         while effect.status not in targets:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

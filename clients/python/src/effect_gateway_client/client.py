@@ -118,17 +118,22 @@ class GatewayClient:
 
     def wait(
         self,
-        effect_id: str,
+        effect: Effect | str,
         timeout: float,
         *,
         until: Iterable[str] | None = None,
     ) -> Effect:
         """Follow an effect with the gateway's long poll until its status is one of ``until``
         (default: settled — confirmed, rejected, expired, cancelled, compensated or failed) or
-        ``timeout`` seconds have passed; answers the last state seen either way."""
+        ``timeout`` seconds have passed; answers the last state seen either way.
+
+        Pass the ``Effect`` that ``submit`` answered to start from its status (one request
+        fewer); an effect id is read first."""
         targets = frozenset(until) if until is not None else SETTLED
         deadline = time.monotonic() + max(timeout, 0.0)
-        effect = self.get(effect_id)
+        effect_id = effect.effect_id if isinstance(effect, Effect) else effect
+        if not isinstance(effect, Effect):
+            effect = self.get(effect_id)
         while effect.status not in targets:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
