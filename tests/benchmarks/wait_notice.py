@@ -16,15 +16,15 @@ notice lag p50 / p95 / max (commit to the wait's return) and the effect's reads 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 import uuid
+
+from tests.benchmarks.inprocess import agent_token, post_environ, setup_django
 
 
 def main() -> None:
@@ -33,13 +33,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ.setdefault("GATEWAY_TASK_QUEUE", "notice")  # announces that nobody answers
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    setup_django("notice")  # announces that nobody answers
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -49,11 +43,7 @@ def main() -> None:
     from gateway.wsgi import application
 
     run = uuid.uuid4().hex[:8]
-    out = io.StringIO()
-    call_command(
-        "issue_token", tenant="notice", principal=f"notice-{run}", role="agent", stdout=out
-    )
-    token = out.getvalue().strip().splitlines()[-1]
+    token = agent_token("notice", f"notice-{run}")
     principal = Principal.objects.get(name=f"notice-{run}")
 
     def submit(index: int) -> str:
@@ -65,16 +55,7 @@ def main() -> None:
                 "payload": {"title": f"t {index}", "priority": "P4"},
             }
         ).encode()
-        environ = {
-            "REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/commands", "QUERY_STRING": "",
-            "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
-            "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1:8000",
-            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
-            "HTTP_AUTHORIZATION": f"Bearer {token}", "HTTP_IDEMPOTENCY_KEY": f"n:{run}:{index}",
-            "wsgi.input": io.BytesIO(body), "wsgi.url_scheme": "http", "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False,
-            "wsgi.version": (1, 0),
-        }  # fmt: skip
+        environ = post_environ("/api/v1/commands", body, token, f"n:{run}:{index}")
         chunks = b"".join(application(environ, lambda status, headers, exc_info=None: None))
         return json.loads(chunks)["effect_id"]
 

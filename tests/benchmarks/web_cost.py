@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import os
 import pstats
-import sys
 import time
 import uuid
 from collections import Counter
+
+from tests.benchmarks.inprocess import agent_token, post_environ, setup_django
 
 
 def main() -> None:
@@ -39,23 +39,12 @@ def main() -> None:
     parser.add_argument("--sort", default="cumulative", help="the profile's order (tottime, …)")
     options = parser.parse_args()
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ.setdefault("GATEWAY_TASK_QUEUE", "webcost")  # announces that nobody answers
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
+    setup_django("webcost")  # announces that nobody answers
     from gateway.wsgi import application
 
     run = uuid.uuid4().hex[:8]
-    out = io.StringIO()
     grant = {"types": "*", "budget_count": 10**9} if options.budget else {}
-    call_command(
-        "issue_token", tenant="webcost", principal=f"web-{run}", role="agent", stdout=out, **grant
-    )
-    token = out.getvalue().strip().splitlines()[-1]
+    token = agent_token("webcost", f"web-{run}", **grant)
     answers: Counter[str] = Counter()
 
     def submit(index: int) -> None:
@@ -69,27 +58,7 @@ def main() -> None:
                 "payload": {"title": title, "priority": "P4"},
             }
         ).encode()
-        environ = {
-            "REQUEST_METHOD": "POST",
-            "PATH_INFO": "/api/v1/commands",
-            "QUERY_STRING": "",
-            "SERVER_NAME": "127.0.0.1",
-            "SERVER_PORT": "8000",
-            "SERVER_PROTOCOL": "HTTP/1.1",
-            "REMOTE_ADDR": "127.0.0.1",
-            "HTTP_HOST": "127.0.0.1:8000",
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(body)),
-            "HTTP_AUTHORIZATION": f"Bearer {token}",
-            "HTTP_IDEMPOTENCY_KEY": key,
-            "wsgi.input": io.BytesIO(body),
-            "wsgi.url_scheme": "http",
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-            "wsgi.version": (1, 0),
-        }
+        environ = post_environ("/api/v1/commands", body, token, key)
 
         def start_response(status, headers, exc_info=None):
             answers[status] += 1

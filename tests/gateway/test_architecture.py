@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import gateway
-from gateway import capabilities, hooks
+from gateway import capabilities, hooks, moves
 from gateway.console import extensions
 from gateway.webhooks.apps import announce_creation, announce_transition
 from reconciliation import views as reconciliation_views
@@ -22,9 +22,10 @@ SHELL = {"urls", "settings", "celery", "asgi", "wsgi"}
 
 
 def test_the_ledgers_hooks_are_filled_after_django_setup():
-    # In INSTALLED_APPS order: the ledger's own listener, then sagas, then the outbox.
+    # In INSTALLED_APPS order: the ledger's own listeners, then sagas, then the outbox.
     assert list(hooks.after_transition) == [
         capabilities.capability_release_unsent,
+        moves.after_transition,
         listeners.advance_after_transition,
         announce_transition,
     ]

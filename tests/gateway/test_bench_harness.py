@@ -7,6 +7,8 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
@@ -242,23 +244,31 @@ class _EffectHandler(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
+@contextmanager
+def _scripted_effect(script: list[tuple[int, str]]) -> Iterator[benchclient.Connection]:
+    """A connection to an ``_EffectHandler`` server answering ``script``."""
     _EffectHandler.paths = []
-    _EffectHandler.script = [
+    _EffectHandler.script = script
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EffectHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+    try:
+        yield conn
+    finally:
+        conn.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
+    script = [
         (200, "PREPARED"),
         (200, "DISPATCHING"),
         (429, "DISPATCHING"),  # too many long polls open: again after a pause
         (200, "CONFIRMED"),
     ]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EffectHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+    with _scripted_effect(script) as conn:
         settled = benchclient.wait_through_api(conn, "t", "eff_1")
-        conn.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert settled == "CONFIRMED"
     assert _EffectHandler.paths == [
         "/api/v1/effects/eff_1",
@@ -270,18 +280,9 @@ def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
 
 def test_the_api_loop_starts_from_the_submissions_answer_as_the_client_does():
     # GatewayClient.wait(effect) starts from the status submit answered: no first look.
-    _EffectHandler.paths = []
-    _EffectHandler.script = [(200, "DISPATCHING"), (200, "CONFIRMED")]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EffectHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+    with _scripted_effect([(200, "DISPATCHING"), (200, "CONFIRMED")]) as conn:
         settled = benchclient.wait_through_api(conn, "t", "eff_1", "PREPARED")
         assert benchclient.wait_through_api(conn, "t", "eff_2", "CONFIRMED") == "CONFIRMED"
-        conn.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert settled == "CONFIRMED"
     assert _EffectHandler.paths == [
         "/api/v1/effects/eff_1?wait=5&seen=PREPARED",

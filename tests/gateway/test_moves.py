@@ -106,14 +106,20 @@ class Waiting(threading.Thread):
         return self
 
 
-def test_a_wait_wakes_on_the_news_of_a_transition(agent, patient_polls):
-    subscribed()
-    effect_id = submit(agent, "cancelled while waited on")
+def cancelled_while_waited_on(agent: Persona, title: str) -> Waiting:
+    """An effect cancelled by its agent while a wait is on it; the wait, ended (or given up)."""
+    effect_id = submit(agent, title)
     waiting = Waiting(effect_id, seconds=20).open()
     services.effect_cancel(
         effect=Effect.objects.get(pk=effect_id), principal=agent.principal, reason="no longer"
     )
     waiting.join(10)
+    return waiting
+
+
+def test_a_wait_wakes_on_the_news_of_a_transition(agent, patient_polls):
+    subscribed()
+    waiting = cancelled_while_waited_on(agent, "cancelled while waited on")
     assert waiting.status == "CANCELLED"
     assert waiting.took < 5  # the news, not the 30 s pause nor the 20 s wait
 
@@ -122,12 +128,7 @@ def test_a_wait_without_news_still_sees_the_change_by_looking(agent, monkeypatch
     # The listener cannot reach Redis (and nothing is published): the wait polls as before.
     monkeypatch.setattr(moves, "published", lambda effect_ids: None)
     monkeypatch.setattr(moves.Listener, "subscribed", property(lambda self: False))
-    effect_id = submit(agent, "cancelled unannounced")
-    waiting = Waiting(effect_id, seconds=20).open()
-    services.effect_cancel(
-        effect=Effect.objects.get(pk=effect_id), principal=agent.principal, reason="no longer"
-    )
-    waiting.join(10)
+    waiting = cancelled_while_waited_on(agent, "cancelled unannounced")
     assert waiting.status == "CANCELLED"
     assert waiting.took < 3  # a look within the growing pauses (at most 0.5 s apart)
 
@@ -136,12 +137,7 @@ def test_news_that_never_came_costs_the_wait_its_fallback_pause(agent, monkeypat
     subscribed()
     monkeypatch.setattr(moves, "FALLBACK_PAUSE", 0.3)
     monkeypatch.setattr(moves, "published", lambda effect_ids: None)  # the message is lost
-    effect_id = submit(agent, "cancelled with the news lost")
-    waiting = Waiting(effect_id, seconds=20).open()
-    services.effect_cancel(
-        effect=Effect.objects.get(pk=effect_id), principal=agent.principal, reason="no longer"
-    )
-    waiting.join(10)
+    waiting = cancelled_while_waited_on(agent, "cancelled with the news lost")
     assert waiting.status == "CANCELLED" and waiting.took < 3
 
 
