@@ -44,7 +44,13 @@ from gateway.api.inputs import idempotency_key_from
 from gateway.api.parsers import UTF8_NAMES, StrictJSONParser, charset_of
 from gateway.api.problems import problem_exception_handler
 from gateway.api.serializers import CommandSubmitSerializer, EffectSerializer
-from gateway.api.views import _must_wait, _parse_seen, _parse_wait, _wait_for_change
+from gateway.api.views import (
+    _must_wait,
+    _parse_seen,
+    _parse_until,
+    _parse_wait,
+    _wait_for_change,
+)
 from gateway.api.waits import wait_slot
 from gateway.contracts import CONTRACTS
 from gateway.errors import ValidationProblem
@@ -216,7 +222,8 @@ def effect(request: HttpRequest, pk: str) -> HttpResponse:
             found = selectors.effect_get(principal=caller.principal, effect_id=pk)
             wait = _parse_wait(request.GET.get("wait"))
             seen = _parse_seen(request.GET.get("seen"))
-            if _must_wait(found, wait, seen):
+            until = _parse_until(request.GET.get("until"))
+            if _must_wait(found, wait, seen, until):
                 # 429 when the caller or this node has too many open
                 with wait_slot(cast(Any, caller)):
                     found = _wait_for_change(
@@ -224,6 +231,7 @@ def effect(request: HttpRequest, pk: str) -> HttpResponse:
                         wait,
                         moved,
                         partial(selectors.effect_get, principal=caller.principal, effect_id=pk),
+                        until,
                     )
         body = _represented(caller.principal, found)  # read whole by effect_get
     except Exception as exc:
@@ -249,7 +257,7 @@ def _route(request: HttpRequest) -> Callable[[], HttpResponse] | None:
     match = _routes.effect.match(path) if method == "GET" else None
     if match is not None:
         query = request.META.get("QUERY_STRING", "")
-        if query and not set(request.GET) <= {"wait", "seen"}:
+        if query and not set(request.GET) <= {"wait", "seen", "until"}:
             return None
         if request.META.get("HTTP_ACCEPT", "").strip() not in _PLAIN_ACCEPT:
             return None

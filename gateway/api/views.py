@@ -33,7 +33,7 @@ from gateway.api.serializers import (
     ReasonSerializer,
 )
 from gateway.api.waits import wait_slot
-from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, EffectStatus
+from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, SETTLED, EffectStatus
 from gateway.contracts import CONTRACTS
 from gateway.errors import NotFound, NotPermitted, ValidationProblem
 from gateway.models import Capability, Effect, Principal
@@ -165,6 +165,14 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
                 "leaves this one. Without it, the status when the request arrives, which may "
                 "already be past the one the caller saw.",
             ),
+            OpenApiParameter(
+                "until",
+                OpenApiTypes.STR,
+                description="With wait: the statuses to wait for, comma-separated (settled: "
+                "CONFIRMED, REJECTED, EXPIRED, CANCELLED, COMPENSATED, COMPENSATION_FAILED). The "
+                "long poll answers at once when the effect is already in one, and otherwise "
+                "when it reaches one, past any status in between; seen is then not needed.",
+            ),
         ]
     )
     def retrieve(self, request, *args, **kwargs):
@@ -173,9 +181,10 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
             effect = self.get_object()
             wait = _parse_wait(request.query_params.get("wait"))
             seen = _parse_seen(request.query_params.get("seen"))
-            if _must_wait(effect, wait, seen):
+            until = _parse_until(request.query_params.get("until"))
+            if _must_wait(effect, wait, seen, until):
                 with wait_slot(request):  # 429 when the caller or this node has too many open
-                    effect = _wait_for_change(effect, wait, moved, self.get_object)
+                    effect = _wait_for_change(effect, wait, moved, self.get_object, until)
         return Response(self.get_serializer(effect).data)
 
     @extend_schema(responses=EffectEventSerializer(many=True))
@@ -285,6 +294,25 @@ def _parse_wait(raw: str | None) -> float:
     return min(value, settings.GATEWAY_MAX_WAIT)
 
 
+def _parse_until(raw: str | None) -> frozenset[str] | None:
+    """The ``until`` of a long poll: effect statuses, comma-separated, where ``settled`` names
+    the settled ones (choices.SETTLED); None when not given."""
+    if raw in (None, ""):
+        return None
+    statuses: set[str] = set()
+    for name in (part.strip() for part in raw.split(",")):
+        if name == "settled":
+            statuses |= SETTLED
+        elif name in EffectStatus.values:
+            statuses.add(name)
+        else:
+            raise ValidationProblem(
+                "until must name effect statuses (comma-separated), or settled.",
+                errors={"until": [f"settled, or any of {', '.join(EffectStatus.values)}"]},
+            )
+    return frozenset(statuses)
+
+
 def _parse_seen(raw: str | None) -> str | None:
     """The ``seen`` of a long poll: one of the effect statuses, or None when not given."""
     if raw in (None, ""):
@@ -306,15 +334,22 @@ FIRST_PAUSE = 0.005
 LONGEST_PAUSE = 0.5
 
 
-def _must_wait(effect: Effect, wait: float, seen: str | None) -> bool:
-    """Whether a request for ``effect`` long-polls: it asked to wait, and the effect is still
-    in the status the caller last saw (``seen``, when it names one).
+def _must_wait(
+    effect: Effect, wait: float, seen: str | None, until: frozenset[str] | None = None
+) -> bool:
+    """Whether a request for ``effect`` long-polls: it asked to wait, and the effect is not yet
+    in one of the statuses it waits for (``until``), or, without ``until``, still in the
+    status the caller last saw (``seen``, when it names one).
 
     An effect that moved on between the caller's last look and this request answers at once,
     without a long-poll slot: an agent that read DISPATCHING and then asked to wait used to be
     held for the whole wait by an effect CONFIRMED in between (a few milliseconds, for a
     provider that answers at once), and one at its cap of open waits was answered 429."""
-    return bool(wait) and (seen is None or effect.status == seen)
+    if not wait:
+        return False
+    if until:
+        return effect.status not in until
+    return seen is None or effect.status == seen
 
 
 def _wait_for_change(
@@ -322,9 +357,10 @@ def _wait_for_change(
     seconds: float,
     moved: threading.Event | None = None,
     read: Callable[[], Effect] | None = None,
+    until: frozenset[str] | None = None,
 ) -> Effect:
-    """Until the effect's status differs from the one ``effect`` was read with, or for
-    ``seconds``; the effect as it is then.
+    """Until the effect's status differs from the one ``effect`` was read with (or, with
+    ``until``, is one of those), or for ``seconds``; the effect as it is then.
 
     ``moved``: set by the news of a change (gateway.moves), registered before ``effect`` was
     read. News makes it read the effect at once; without news it looks at the one status
@@ -335,6 +371,10 @@ def _wait_for_change(
     read = read or partial(_effect_for_answer, effect.pk)
     deadline = time.monotonic() + seconds
     seen = effect.status
+
+    def done(status: str | None) -> bool:
+        return status in until if until else status != seen
+
     pause = FIRST_PAUSE
     while (remaining := deadline - time.monotonic()) > 0:
         if moves.listener.subscribed:
@@ -345,11 +385,11 @@ def _wait_for_change(
         moved.clear()  # before the read: news of a later change wakes the next wait
         if woken:
             fresh = read()
-            if fresh.status != seen:
+            if done(fresh.status):
                 return fresh
         elif time.monotonic() >= deadline:
             break  # the answer's read is the last look
-        elif Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first() != seen:
+        elif done(Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first()):
             break
     return read()
 

@@ -142,15 +142,19 @@ OPEN = frozenset(
 )  # fmt: skip
 
 
+# What the clients send as ``until`` by default (GatewayClient.wait): the settled statuses.
+SETTLED = "CANCELLED,COMPENSATED,COMPENSATION_FAILED,CONFIRMED,EXPIRED,REJECTED"
+
+
 def wait_through_api(conn: Connection, token: str, effect_id: str, seen: str = "") -> str:
     """Until the effect has settled, as an agent waits with effect_gateway_client: long polls
-    (``?wait=``) that name the status seen, from ``seen`` (the submission's answer, as
+    (``?wait=``) until settled that name the status seen, from ``seen`` (the submission's answer, as
     ``GatewayClient.wait(effect)`` starts), or after a first look when it is not given; a 429
     (too many long polls open) waits a second, as the client's retries do. Returns the status
     it settled in."""
     auth = {"Authorization": f"Bearer {token}"}
     path = f"/api/v1/effects/{effect_id}"
-    query = f"?wait=5&seen={seen}" if seen else ""
+    query = f"?wait=5&seen={seen}&until={SETTLED}" if seen else ""
     if seen and seen not in OPEN:
         return seen
     while True:
@@ -163,7 +167,7 @@ def wait_through_api(conn: Connection, token: str, effect_id: str, seen: str = "
         seen = json.loads(content)["status"]
         if seen not in OPEN:
             return seen
-        query = f"?wait=5&seen={seen}"
+        query = f"?wait=5&seen={seen}&until={SETTLED}"
 
 
 def submit(conn: Connection, token: str, key: str, body: dict) -> tuple[int, bytes]:

@@ -348,7 +348,20 @@ def test_reading_an_effect_is_the_same(send, agent, other_agent, operator, rival
     assert b'"receipt":{' in answer.content
 
 
-@pytest.mark.parametrize("query", ["wait=0", "wait=0.05", "wait=nan", "wait=-1", "wait=soon"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "wait=0",
+        "wait=0.05",
+        "wait=nan",
+        "wait=-1",
+        "wait=soon",
+        "wait=0.05&until=settled",
+        "wait=5&until=PREPARED",
+        "wait=1&until=DONE",
+        "wait=0.05&seen=PREPARED&until=CONFIRMED,REJECTED",
+    ],
+)
 def test_a_long_poll_is_the_same(send, agent, query):
     effect_id = agent.submit(TICKET, "poll-me").json()["effect_id"]
     answer = same(send, "GET", f"/api/v1/effects/{effect_id}?{query}", **bearer(agent.token, None))

@@ -244,6 +244,9 @@ class _EffectHandler(BaseHTTPRequestHandler):
         pass
 
 
+UNTIL = "&until=" + benchclient.SETTLED  # what the clients send by default
+
+
 @contextmanager
 def _scripted_effect(script: list[tuple[int, str]]) -> Iterator[benchclient.Connection]:
     """A connection to an ``_EffectHandler`` server answering ``script``."""
@@ -272,9 +275,9 @@ def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
     assert settled == "CONFIRMED"
     assert _EffectHandler.paths == [
         "/api/v1/effects/eff_1",
-        "/api/v1/effects/eff_1?wait=5&seen=PREPARED",
-        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING",
-        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING",
+        "/api/v1/effects/eff_1?wait=5&seen=PREPARED" + UNTIL,
+        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING" + UNTIL,
+        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING" + UNTIL,
     ]
 
 
@@ -285,8 +288,8 @@ def test_the_api_loop_starts_from_the_submissions_answer_as_the_client_does():
         assert benchclient.wait_through_api(conn, "t", "eff_2", "CONFIRMED") == "CONFIRMED"
     assert settled == "CONFIRMED"
     assert _EffectHandler.paths == [
-        "/api/v1/effects/eff_1?wait=5&seen=PREPARED",
-        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING",
+        "/api/v1/effects/eff_1?wait=5&seen=PREPARED" + UNTIL,
+        "/api/v1/effects/eff_1?wait=5&seen=DISPATCHING" + UNTIL,
     ]
 
 
@@ -294,6 +297,7 @@ def test_the_api_loop_knows_the_gateways_open_statuses():
     from gateway.choices import SETTLED, EffectStatus
 
     assert set(EffectStatus.values) - SETTLED == benchclient.OPEN
+    assert benchclient.SETTLED.split(",") == sorted(SETTLED)
 
 
 # The oracle's thread dies of the refused connection and prints it (to the client's stderr).

@@ -154,6 +154,19 @@ def test_a_wait_from_a_status_the_effect_has_left_answers_at_once(agent, ticket_
     assert "seen" in bad.json()["errors"]
 
 
+def test_a_wait_until_a_status_answers_at_once_when_the_effect_is_in_it(agent, ticket_body):
+    effect_id = created(agent, ticket_body, "t1")  # PREPARED
+    started = time.monotonic()
+    response = agent.client.get(f"/api/v1/effects/{effect_id}?wait=5&until=PREPARED,CONFIRMED")
+    assert response.status_code == 200 and response.json()["status"] == "PREPARED"
+    assert time.monotonic() - started < 2  # not the 5 s wait
+    # Not yet in one: the wait runs to its end.
+    waited = agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.2&until=settled")
+    assert waited.json()["status"] == "PREPARED"
+    bad = agent.client.get(f"/api/v1/effects/{effect_id}?wait=1&until=PREPARED,DONE")
+    assert bad.status_code == 400 and "until" in bad.json()["errors"]
+
+
 def test_cancel_before_dispatch(agent, ticket_body, sandbox):
     effect_id = created(agent, ticket_body, "t1")
     response = agent.client.post(

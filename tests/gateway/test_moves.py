@@ -15,6 +15,7 @@ from django.db import connection
 
 from gateway import dispatcher, ledger, moves, services
 from gateway.api import views
+from gateway.choices import SETTLED
 from gateway.lib import broker
 from gateway.models import Effect
 from tests.conftest import TICKET, Persona
@@ -77,10 +78,11 @@ def subscribed() -> None:
 class Waiting(threading.Thread):
     """``_wait_for_change`` on its own thread (and database connection), timed."""
 
-    def __init__(self, effect_id: str, seconds: float) -> None:
+    def __init__(self, effect_id: str, seconds: float, until: frozenset[str] | None = None) -> None:
         super().__init__(daemon=True)
         self.effect_id = effect_id
         self.seconds = seconds
+        self.until = until
         self.status = ""
         self.took = float("inf")
 
@@ -90,7 +92,9 @@ class Waiting(threading.Thread):
             with moves.news_of(self.effect_id) as moved:
                 effect = Effect.objects.get(pk=self.effect_id)
                 started = time.monotonic()
-                self.status = views._wait_for_change(effect, self.seconds, moved).status
+                self.status = views._wait_for_change(
+                    effect, self.seconds, moved, until=self.until
+                ).status
                 self.took = time.monotonic() - started
         finally:
             connection.close()
@@ -122,6 +126,16 @@ def test_a_wait_wakes_on_the_news_of_a_transition(agent, patient_polls):
     waiting = cancelled_while_waited_on(agent, "cancelled while waited on")
     assert waiting.status == "CANCELLED"
     assert waiting.took < 5  # the news, not the 30 s pause nor the 20 s wait
+
+
+def test_a_wait_until_settled_sleeps_through_the_statuses_between(sandbox, agent, patient_polls):
+    # Claimed (DISPATCHING), then recorded (CONFIRMED): two pieces of news, one answer.
+    subscribed()
+    effect_id = submit(agent, "settled while waited on")
+    waiting = Waiting(effect_id, seconds=20, until=SETTLED).open()
+    services.effect_dispatch(effect_id=effect_id, worker="test")
+    waiting.join(10)
+    assert waiting.status == "CONFIRMED" and waiting.took < 5
 
 
 def test_a_wait_without_news_still_sees_the_change_by_looking(agent, monkeypatch):

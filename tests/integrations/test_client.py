@@ -104,6 +104,8 @@ def test_waiting_on_the_submitted_effect_starts_from_its_status(
     assert done.status == "CONFIRMED" and done.effect_id == submitted.effect_id
     looks = [url for url in sent if "/api/v1/effects/" in url]
     assert len(looks) == 1 and "seen=PREPARED" in looks[0], looks
+    # Until settled, past any status in between: one long poll for the whole way.
+    assert "until=CANCELLED%2CCOMPENSATED%2CCOMPENSATION_FAILED%2CCONFIRMED" in looks[0], looks
 
 
 def test_same_key_other_payload_raises_key_mismatch_saying_the_fix(connect, agent, sandbox):

@@ -165,6 +165,7 @@ export class GatewayClient {
     options: { timeoutSeconds: number; until?: Iterable<string> },
   ): Promise<Effect> {
     const targets = new Set(options.until ?? SETTLED);
+    const untilParam = [...targets].sort().join(",");
     const deadline = Date.now() + Math.max(options.timeoutSeconds, 0) * 1000;
     const effectId = typeof effectOrId === "string" ? effectOrId : effectOrId.effect_id;
     let effect = typeof effectOrId === "string" ? await this.get(effectId) : effectOrId;
@@ -172,8 +173,11 @@ export class GatewayClient {
       const remaining = (deadline - Date.now()) / 1000;
       if (remaining <= 0) break;
       const poll = Math.min(remaining, MAX_POLL_SECONDS);
-      // `seen`: the status this client saw; if the effect moved on since, the poll answers at once.
-      const query = `wait=${poll.toFixed(2)}&seen=${encodeURIComponent(effect.status)}`;
+      // `until`: the poll answers once the effect is in one of them, past any status between;
+      // `seen`: the status this client saw, for a gateway without `until` (answers if moved on).
+      const query =
+        `wait=${poll.toFixed(2)}&seen=${encodeURIComponent(effect.status)}` +
+        `&until=${encodeURIComponent(untilParam)}`;
       const path = `/api/v1/effects/${encodeURIComponent(effectId)}?${query}`;
       const response = await this.request("GET", path, { timeoutMs: poll * 1000 + this.timeoutMs });
       effect = (await response.json()) as Effect;

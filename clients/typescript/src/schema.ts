@@ -3065,6 +3065,8 @@ export interface operations {
             query?: {
                 /** @description With wait: the status the caller last saw. The long poll answers at once when the effect's status is already another, and otherwise when it leaves this one. Without it, the status when the request arrives, which may already be past the one the caller saw. */
                 seen?: "AWAITING_APPROVAL" | "CANCELLED" | "COMPENSATED" | "COMPENSATING" | "COMPENSATION_FAILED" | "CONFIRMED" | "DISPATCHING" | "EXPIRED" | "IN_PROGRESS" | "NOT_STARTED" | "PREPARED" | "REJECTED" | "UNKNOWN";
+                /** @description With wait: the statuses to wait for, comma-separated (settled: CONFIRMED, REJECTED, EXPIRED, CANCELLED, COMPENSATED, COMPENSATION_FAILED). The long poll answers at once when the effect is already in one, and otherwise when it reaches one, past any status in between; seen is then not needed. */
+                until?: string;
                 /** @description Long poll: answer when the status changes, or after this many seconds (at most GATEWAY_MAX_WAIT). */
                 wait?: number;
             };

@@ -72,9 +72,21 @@ test("wait long-polls until the effect is settled", async () => {
   const done = await client.wait("eff_1", { timeoutSeconds: 5 });
   assert.equal(done.status, "CONFIRMED");
   assert.match(seen[1].url ?? "", /\?wait=\d/);
-  // Each poll names the status the client saw, so an effect that moved on answers at once.
-  assert.match(seen[1].url ?? "", /&seen=AWAITING_APPROVAL$/);
-  assert.match(seen[2].url ?? "", /&seen=DISPATCHING$/);
+  // Each poll names the status the client saw, so an effect that moved on answers at once,
+  // and what it waits for (settled), so that the gateway answers past the statuses between.
+  const settled = "CANCELLED%2CCOMPENSATED%2CCOMPENSATION_FAILED%2CCONFIRMED%2CEXPIRED%2CREJECTED";
+  assert.match(seen[1].url ?? "", new RegExp(`&seen=AWAITING_APPROVAL&until=${settled}$`));
+  assert.match(seen[2].url ?? "", new RegExp(`&seen=DISPATCHING&until=${settled}$`));
+});
+
+test("wait from the submitted effect starts with a long poll, not a look", async () => {
+  seen.length = 0;
+  script.push(() => [200, effect("CONFIRMED")]);
+  const client = new GatewayClient(base, "egw_test");
+  const done = await client.wait(effect("PREPARED") as never, { timeoutSeconds: 5 });
+  assert.equal(done.status, "CONFIRMED");
+  assert.equal(seen.length, 1);
+  assert.match(seen[0].url ?? "", /\?wait=\d.*&seen=PREPARED&until=/);
 });
 
 test("problems become typed errors with the problem document", async () => {

@@ -130,6 +130,7 @@ class GatewayClient:
         Pass the ``Effect`` that ``submit`` answered to start from its status (one request
         fewer); an effect id is read first."""
         targets = frozenset(until) if until is not None else SETTLED
+        until_param = ",".join(sorted(targets))
         deadline = time.monotonic() + max(timeout, 0.0)
         effect_id = effect.effect_id if isinstance(effect, Effect) else effect
         if not isinstance(effect, Effect):
@@ -142,9 +143,10 @@ class GatewayClient:
             response = self._request(
                 "GET",
                 f"/api/v1/effects/{effect_id}",
-                # The status this client saw: if the effect moved on since, the poll answers
-                # at once instead of waiting for a further change.
-                params={"wait": f"{poll:.2f}", "seen": effect.status},
+                # What it waits for: the poll answers once the effect is in one of them, past
+                # any status in between. And the status this client saw, for a gateway that
+                # knows no ``until``: if the effect moved on since, it answers at once.
+                params={"wait": f"{poll:.2f}", "seen": effect.status, "until": until_param},
                 timeout=poll + self.timeout,
             )
             effect = Effect.from_json(response.json())
