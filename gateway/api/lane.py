@@ -38,7 +38,7 @@ from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from gateway import moves, selectors, services
+from gateway import fastpath, moves, selectors, services
 from gateway.api.auth import BearerTokenAuthentication, PrincipalUser
 from gateway.api.inputs import idempotency_key_from
 from gateway.api.parsers import UTF8_NAMES, StrictJSONParser, charset_of
@@ -53,7 +53,7 @@ from gateway.api.views import (
 )
 from gateway.api.waits import wait_slot
 from gateway.contracts import CONTRACTS
-from gateway.errors import ValidationProblem
+from gateway.errors import NotFound, ValidationProblem
 from gateway.models import ApiToken, Effect, Principal
 
 # What DRF's views answer in ``Allow`` (APIView.default_response_headers).
@@ -218,25 +218,28 @@ def effect(request: HttpRequest, pk: str) -> HttpResponse:
     try:
         caller = _caller(request)
         # Listening before the read: a change committed after it is news to the wait.
+        read = partial(_effect_read, caller.principal, pk)
         with moves.news_of(pk if "wait" in request.GET else None) as moved:
-            found = selectors.effect_get(principal=caller.principal, effect_id=pk)
+            found = read()
             wait = _parse_wait(request.GET.get("wait"))
             seen = _parse_seen(request.GET.get("seen"))
             until = _parse_until(request.GET.get("until"))
             if _must_wait(found, wait, seen, until):
                 # 429 when the caller or this node has too many open
                 with wait_slot(cast(Any, caller)):
-                    found = _wait_for_change(
-                        found,
-                        wait,
-                        moved,
-                        partial(selectors.effect_get, principal=caller.principal, effect_id=pk),
-                        until,
-                    )
-        body = _represented(caller.principal, found)  # read whole by effect_get
+                    found = _wait_for_change(found, wait, moved, read, until)
+        body = _represented(caller.principal, found)  # read whole, with its receipt
     except Exception as exc:
         return _problem(exc, _EFFECT_ALLOW)
     return _json_response(body, 200, _EFFECT_ALLOW)
+
+
+def _effect_read(principal: Principal, effect_id: str) -> Effect:
+    """``selectors.effect_get``, prepared (gateway.fastpath.effect_read)."""
+    effect = fastpath.effect_read(principal=principal, effect_id=effect_id)
+    if effect is None:
+        raise NotFound(f"No effect {effect_id}.")  # another tenant's does not exist either
+    return effect
 
 
 def _route(request: HttpRequest) -> Callable[[], HttpResponse] | None:

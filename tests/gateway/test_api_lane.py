@@ -348,6 +348,19 @@ def test_reading_an_effect_is_the_same(send, agent, other_agent, operator, rival
     assert b'"receipt":{' in answer.content
 
 
+def test_reading_an_approved_effect_is_the_same(send, agent, approver):
+    # The lane reads the approver only when the answer names it (fastpath.effect_read).
+    body = {**REFUND, "payload": {**REFUND["payload"], "amount": 50_000}}
+    effect_id = agent.submit(body, "approve-me").json()["effect_id"]
+    effect = Effect.objects.select_related("command").get(pk=effect_id)
+    services.effect_approve(
+        effect=effect, principal=approver.principal, payload_digest=effect.command.payload_digest
+    )
+    answer = same(send, "GET", f"/api/v1/effects/{effect_id}", **bearer(agent.token, None))
+    assert answer.status == 200
+    assert f'"approved_by":"{approver.principal.name}"'.encode() in answer.content
+
+
 @pytest.mark.parametrize(
     "query",
     [
