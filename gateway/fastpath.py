@@ -241,7 +241,9 @@ _EFFECT_AND_EVENT = """eff AS (
     FROM eff
     RETURNING effect_id
 )"""
-_EXISTING = f"""existing AS (
+# An effect as a replay and a read answer with it (``_existing_from_row``): its command,
+# the effect, the requester and the newest receipt; the caller adds the WHERE.
+_EFFECT_ROW = f"""
     SELECT {_C_COLS}, {_E_COLS}, {_P_COLS}, {_R_COLS}
     FROM gateway_command c
     JOIN gateway_effect e ON e.effect_id = c.effect_id
@@ -249,7 +251,8 @@ _EXISTING = f"""existing AS (
     LEFT JOIN LATERAL (
         SELECT * FROM gateway_receipt r0 WHERE r0.effect_id = c.effect_id
         ORDER BY r0.received_at DESC, r0.id DESC LIMIT 1
-    ) r ON true
+    ) r ON true"""
+_EXISTING = f"""existing AS ({_EFFECT_ROW}
     WHERE c.tenant_id = %(tenant)s AND c.idempotency_key = %(key)s"""
 _ANSWER = f"""
 SELECT true, {_NULLS} FROM ev
@@ -306,17 +309,8 @@ WITH {_EXISTING}
 # receipt): the agents' GET /effects/{id}, the lane's read, prepared. The ORM's query for the
 # same (selectors.effect_get) cost more to compile than PostgreSQL spends running it: in an
 # agent's loop of submit-and-wait, a third of a web process's samples.
-_EFFECT_BY_ID = _compact(f"""
-SELECT {_C_COLS}, {_E_COLS}, {_P_COLS}, {_R_COLS}
-FROM gateway_command c
-JOIN gateway_effect e ON e.effect_id = c.effect_id
-JOIN gateway_principal p ON p.id = c.requested_by_id
-LEFT JOIN LATERAL (
-    SELECT * FROM gateway_receipt r0 WHERE r0.effect_id = c.effect_id
-    ORDER BY r0.received_at DESC, r0.id DESC LIMIT 1
-) r ON true
-WHERE c.tenant_id = %(tenant)s AND c.effect_id = %(effect)s
-""")
+_EFFECT_BY_ID = _compact(f"""{_EFFECT_ROW}
+    WHERE c.tenant_id = %(tenant)s AND c.effect_id = %(effect)s""")
 
 
 def effect_read(*, principal: Principal, effect_id: str) -> Effect | None:
