@@ -58,6 +58,9 @@ def published(effect_ids: Iterable[str]) -> None:
     ids = ",".join(effect_ids)
     if not ids:
         return
+    if _unpublished.resting():
+        _unpublished.lost += 1
+        return
     try:
         broker.run(broker.pack("PUBLISH", channel(), ids))
     except redis.RedisError as exc:
@@ -67,17 +70,27 @@ def published(effect_ids: Iterable[str]) -> None:
 
 
 class _Unpublished:
-    """A line when publishing starts failing, one a minute while it fails (not one per
-    status change), and one when it works again."""
+    """After a publish failed, the next ``REST`` seconds publish nothing: a broker that does
+    not answer (a partition: every try waits out the socket's timeouts, twice) must not hold
+    each claim and record of this process, and the waits meanwhile look for themselves. A
+    line when publishing starts failing, one a minute while it fails (not one per status
+    change), and one when it works again."""
+
+    REST = 5.0
 
     def __init__(self) -> None:
         self.failing_since = 0.0
+        self.failed_at = 0.0
         self.warned = 0.0
         self.lost = 0
+
+    def resting(self) -> bool:
+        return bool(self.failed_at) and time.monotonic() - self.failed_at < self.REST
 
     def failed(self, exc: Exception) -> None:
         now = time.monotonic()
         self.lost += 1
+        self.failed_at = now
         if not self.failing_since:
             self.failing_since = now
         if now - self.warned >= WARN_EVERY:
@@ -90,7 +103,7 @@ class _Unpublished:
     def worked(self) -> None:
         if self.failing_since:
             logger.warning("status changes are published again", extra={"lost": self.lost})
-            self.failing_since, self.warned, self.lost = 0.0, 0.0, 0
+            self.failing_since, self.failed_at, self.warned, self.lost = 0.0, 0.0, 0.0, 0
 
 
 _unpublished = _Unpublished()

@@ -5,6 +5,8 @@ test's patience, so that only the news can end a wait in time."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -50,6 +52,13 @@ class Heard:
     def close(self) -> None:
         self.pubsub.close()
         self.client.close()
+
+
+@pytest.fixture(autouse=True)
+def _publishing(monkeypatch):
+    """Each test publishes from a fresh start: not resting after an earlier test's broker
+    that was down."""
+    monkeypatch.setattr(moves, "_unpublished", moves._Unpublished())
 
 
 @pytest.fixture
@@ -207,3 +216,32 @@ def test_publishing_often_keeps_working(heard):
     for n in range(150):
         moves.published([f"eff_{n}"])
     assert heard.ids() == [f"eff_{n}" for n in range(150)]
+
+
+def test_a_broker_that_does_not_answer_holds_one_publish_not_each(monkeypatch):
+    # A partition: the connection is accepted (the backlog) and nothing ever answers. Every
+    # publish waited out the socket's timeout twice (its retry), between a claim and its
+    # provider call; after a failure the publishes rest, and the waits look for themselves.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    hanging = redis.Redis(
+        host="127.0.0.1",
+        port=silent.getsockname()[1],
+        socket_timeout=0.2,
+        socket_connect_timeout=0.2,
+    )
+    monkeypatch.setattr(broker, "client", lambda: hanging)
+    try:
+        for n in range(10):
+            moves.published([f"eff_{n}"])
+        silent.settimeout(0.2)
+        tried = 0
+        with contextlib.suppress(TimeoutError):
+            while True:
+                silent.accept()[0].close()
+                tried += 1
+    finally:
+        silent.close()
+    assert tried == 2  # the first publish and its retry; the nine after it rest
+    assert moves._unpublished.lost == 10

@@ -127,7 +127,8 @@ def wait_for_effect(
     targets = frozenset(until)
     effect_id = effect.effect_id if isinstance(effect, Effect) else effect
     if poll_first > 0:
-        current = client.wait(effect, poll_first, until=targets)
+        # By id: a graph resumed hours later holds a stale Effect; read where it is now.
+        current = client.wait(effect_id, poll_first, until=targets)
     else:
         current = client.get(effect_id)
     while current.status not in targets:
