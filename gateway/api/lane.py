@@ -217,21 +217,33 @@ def effect(request: HttpRequest, pk: str) -> HttpResponse:
     """``EffectViewSet.retrieve``, in the lane (with its ``?wait=`` long poll)."""
     try:
         caller = _caller(request)
-        # Listening before the read: a change committed after it is news to the wait.
         read = partial(_effect_read, caller.principal, pk)
-        with moves.news_of(pk if "wait" in request.GET else None) as moved:
-            found = read()
-            wait = _parse_wait(request.GET.get("wait"))
-            seen = _parse_seen(request.GET.get("seen"))
-            until = _parse_until(request.GET.get("until"))
-            if _must_wait(found, wait, seen, until):
-                # 429 when the caller or this node has too many open
-                with wait_slot(cast(Any, caller)):
-                    found = _wait_for_change(found, wait, moved, read, until)
+        # The route lets only the long poll's keys through: a query is a long poll's.
+        found = _long_poll(request, caller, pk, read) if request.GET else read()
         body = _represented(caller.principal, found)  # read whole, with its receipt
     except Exception as exc:
         return _problem(exc, _EFFECT_ALLOW)
     return _json_response(body, 200, _EFFECT_ALLOW)
+
+
+def _long_poll(request: HttpRequest, caller: Caller, pk: str, read: Callable[[], Effect]) -> Effect:
+    """The effect once it has moved on (``?wait=``, ``seen``, ``until``), or when the wait ends.
+
+    Most long polls wait: the effect is read whole only for the answer, and the look before
+    the wait reads its status alone (half of such a request's reading, building the models of
+    a row that the wait made stale)."""
+    # Listening before the look: a change committed after it is news to the wait.
+    with moves.news_of(pk) as moved:
+        status = fastpath.effect_status(principal=caller.principal, effect_id=pk)
+        if status is None:
+            raise NotFound(f"No effect {pk}.")  # another tenant's does not exist either
+        wait = _parse_wait(request.GET.get("wait"))
+        seen = _parse_seen(request.GET.get("seen"))
+        until = _parse_until(request.GET.get("until"))
+        if not _must_wait(status, wait, seen, until):
+            return read()
+        with wait_slot(cast(Any, caller)):  # 429 when the caller or this node has too many open
+            return _wait_for_change(pk, status, wait, moved, read, until)
 
 
 def _effect_read(principal: Principal, effect_id: str) -> Effect:

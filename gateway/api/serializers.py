@@ -9,7 +9,7 @@ from rest_framework import serializers
 from gateway import selectors
 from gateway.choices import EffectStatus
 from gateway.contracts import get_contract
-from gateway.models import Capability, Effect, EffectEvent
+from gateway.models import Capability, Effect, EffectEvent, Receipt
 from gateway.services import command_payload
 
 # NOTE: a few fields are named like attributes of DRF's Field (``context``, ``required``,
@@ -84,6 +84,23 @@ def _when(value, zone=None):
         return None
     text = value.astimezone(zone or timezone.get_current_timezone()).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _receipt(receipt: Receipt | None, zone) -> dict | None:
+    """ReceiptSerializer's fields, written out as EffectSerializer.to_representation is (half
+    of an effect's rendering went to building that serializer's fields for one receipt)."""
+    if receipt is None:
+        return None
+    return {
+        "provider": _text(receipt.provider),
+        "provider_operation_id": _text(receipt.provider_operation_id),
+        "provider_status": _text(receipt.provider_status),
+        "payload_digest": _text(receipt.payload_digest),
+        "digest_matches": _flag(receipt.digest_matches),
+        "result_digest": _text(receipt.result_digest),
+        "source": _text(receipt.source),
+        "received_at": _when(receipt.received_at, zone),
+    }
 
 
 class EffectSerializer(serializers.ModelSerializer):
@@ -197,7 +214,7 @@ class EffectSerializer(serializers.ModelSerializer):
             "escalated": _flag(effect.escalated),
             "provider_operation_id": _text(effect.provider_operation_id),
             "approval": self.get_approval(effect),
-            "receipt": self.get_receipt(effect),
+            "receipt": _receipt(self._latest_receipt(effect), zone),
             "compensation": self.get_compensation(effect),
             "compensates": self.get_compensates(effect),
             "saga": self.get_saga(effect),
@@ -222,12 +239,16 @@ class EffectSerializer(serializers.ModelSerializer):
             "approved_at": effect.approved_at,
         }
 
+    @staticmethod
+    def _latest_receipt(effect: Effect) -> Receipt | None:
+        if hasattr(effect, "_latest_receipt"):  # read with the effect (gateway.fastpath)
+            return effect._latest_receipt
+        return selectors.effect_latest_receipt(effect)
+
     @extend_schema_field(ReceiptSerializer(allow_null=True))
     def get_receipt(self, effect: Effect):
-        if hasattr(effect, "_latest_receipt"):  # read with the effect (gateway.fastpath)
-            receipt = effect._latest_receipt
-        else:
-            receipt = selectors.effect_latest_receipt(effect)
+        """The receipt as DRF renders it (the reference of ``_receipt``)."""
+        receipt = self._latest_receipt(effect)
         if receipt is None:
             return None
         return ReceiptSerializer(receipt).data

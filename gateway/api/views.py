@@ -182,9 +182,11 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
             wait = _parse_wait(request.query_params.get("wait"))
             seen = _parse_seen(request.query_params.get("seen"))
             until = _parse_until(request.query_params.get("until"))
-            if _must_wait(effect, wait, seen, until):
+            if _must_wait(effect.status, wait, seen, until):
                 with wait_slot(request):  # 429 when the caller or this node has too many open
-                    effect = _wait_for_change(effect, wait, moved, self.get_object, until)
+                    effect = _wait_for_change(
+                        effect.pk, effect.status, wait, moved, self.get_object, until
+                    )
         return Response(self.get_serializer(effect).data)
 
     @extend_schema(responses=EffectEventSerializer(many=True))
@@ -335,11 +337,11 @@ LONGEST_PAUSE = 0.5
 
 
 def _must_wait(
-    effect: Effect, wait: float, seen: str | None, until: frozenset[str] | None = None
+    status: str, wait: float, seen: str | None, until: frozenset[str] | None = None
 ) -> bool:
-    """Whether a request for ``effect`` long-polls: it asked to wait, and the effect is not yet
-    in one of the statuses it waits for (``until``), or, without ``until``, still in the
-    status the caller last saw (``seen``, when it names one).
+    """Whether a request for an effect in ``status`` long-polls: it asked to wait, and the
+    effect is not yet in one of the statuses it waits for (``until``), or, without ``until``,
+    still in the status the caller last saw (``seen``, when it names one).
 
     An effect that moved on between the caller's last look and this request answers at once,
     without a long-poll slot: an agent that read DISPATCHING and then asked to wait used to be
@@ -348,29 +350,30 @@ def _must_wait(
     if not wait:
         return False
     if until:
-        return effect.status not in until
-    return seen is None or effect.status == seen
+        return status not in until
+    return seen is None or status == seen
 
 
 def _wait_for_change(
-    effect: Effect,
+    effect_id: str,
+    status: str,
     seconds: float,
     moved: threading.Event | None = None,
     read: Callable[[], Effect] | None = None,
     until: frozenset[str] | None = None,
 ) -> Effect:
-    """Until the effect's status differs from the one ``effect`` was read with (or, with
+    """Until the effect's status differs from ``status``, the one it was read with (or, with
     ``until``, is one of those), or for ``seconds``; the effect as it is then.
 
-    ``moved``: set by the news of a change (gateway.moves), registered before ``effect`` was
+    ``moved``: set by the news of a change (gateway.moves), registered before ``status`` was
     read. News makes it read the effect at once; without news it looks at the one status
     column after ``moves.FALLBACK_PAUSE``, or, while the news cannot arrive (the listener not
     subscribed), after growing pauses. ``read``: how the answer reads the effect (as the
     request read it: the caller's view of it)."""
     moved = moved or threading.Event()
-    read = read or partial(_effect_for_answer, effect.pk)
+    read = read or partial(_effect_for_answer, effect_id)
     deadline = time.monotonic() + seconds
-    seen = effect.status
+    seen = status
 
     def done(status: str | None) -> bool:
         return status in until if until else status != seen
@@ -389,7 +392,7 @@ def _wait_for_change(
                 return fresh
         elif time.monotonic() >= deadline:
             break  # the answer's read is the last look
-        elif done(Effect.objects.filter(pk=effect.pk).values_list("status", flat=True).first()):
+        elif done(Effect.objects.filter(pk=effect_id).values_list("status", flat=True).first()):
             break
     return read()
 

@@ -373,12 +373,26 @@ def test_reading_an_approved_effect_is_the_same(send, agent, approver):
         "wait=5&until=PREPARED",
         "wait=1&until=DONE",
         "wait=0.05&seen=PREPARED&until=CONFIRMED,REJECTED",
+        "seen=PREPARED",
+        "seen=DONE",
+        "until=DONE",
     ],
 )
 def test_a_long_poll_is_the_same(send, agent, query):
     effect_id = agent.submit(TICKET, "poll-me").json()["effect_id"]
     answer = same(send, "GET", f"/api/v1/effects/{effect_id}?{query}", **bearer(agent.token, None))
     assert answer.status in (200, 400)
+
+
+def test_a_long_poll_for_an_effect_that_is_not_the_callers_is_the_same(send, agent, rival_agent):
+    # The lane's long poll looks at the status alone before it waits: scoped to the tenant,
+    # and a 404 comes before any complaint about the query, as DRF's get_object does it.
+    effect_id = agent.submit(TICKET, "not-yours").json()["effect_id"]
+    for query in ("wait=0.05", "wait=soon", "wait=1&until=DONE"):
+        path = f"/api/v1/effects/{effect_id}?{query}"
+        assert same(send, "GET", path, **bearer(rival_agent.token, None)).status == 404
+        unknown = f"/api/v1/effects/eff_nope?{query}"
+        assert same(send, "GET", unknown, **bearer(agent.token, None)).status == 404
 
 
 def test_an_effect_read_that_is_refused_is_the_same(send, agent, monkeypatch, settings):

@@ -42,10 +42,21 @@ def test_effect_representation_is_drfs(
         f"/api/v1/effects/{confirmed_id}/compensate", {"reason": "shape"}, format="json"
     )
     assert compensated.status_code == 201, compensated.content
-    shapes = [prepared, confirmed_id, awaiting["effect_id"], compensated.json()["effect_id"]]
+    sandbox.add_fault("digest_mismatch", times=1)  # a receipt that disagrees with the command
+    mismatched = agent.submit({**ticket_body, "payload": {**ticket_body["payload"]}}, "shape-odd")
+    mismatched_id = mismatched.json()["effect_id"]
+    services.effect_dispatch(effect_id=mismatched_id, worker="test")
+    shapes = [
+        prepared,
+        confirmed_id,
+        awaiting["effect_id"],
+        compensated.json()["effect_id"],
+        mismatched_id,
+    ]
     for effect_id in shapes:
         for viewer in (agent.principal, operator.principal, other_agent.principal, None):
             lean, reference = both(effect_id, viewer)
             assert lean == reference, (effect_id, viewer)
     confirmed_body = both(confirmed_id, agent.principal)[0]
     assert b'"receipt":{' in confirmed_body and b'"compensated_by":"eff_' in confirmed_body
+    assert b'"digest_matches":false' in both(mismatched_id, agent.principal)[0]

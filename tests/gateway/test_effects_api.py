@@ -334,6 +334,17 @@ def test_unknown_api_path_is_a_problem(client):
     assert response.headers["Content-Type"] == "application/problem+json"
 
 
+def test_a_long_poll_reads_the_effect_whole_only_for_its_answer(agent, ticket_body):
+    # It used to read the effect whole (command, requester, newest receipt: the models of a
+    # row the wait made stale) before waiting too; the look before the wait needs its status.
+    effect_id = created(agent, ticket_body, "t1")
+    with CaptureQueriesContext(connection) as queries:
+        response = agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.1&seen=PREPARED")
+    assert response.status_code == 200 and response.json()["status"] == "PREPARED"
+    whole = [q["sql"] for q in queries.captured_queries if "gateway_receipt" in q["sql"]]
+    assert len(whole) == 1, whole
+
+
 def test_reading_an_effect_is_one_query(agent, ticket_body, sandbox):
     # The lane's answer used to read the effect a second time to represent it, and its
     # receipt a third; now one prepared query reads the effect with its command, requester

@@ -102,7 +102,7 @@ class Waiting(threading.Thread):
                 effect = Effect.objects.get(pk=self.effect_id)
                 started = time.monotonic()
                 self.status = views._wait_for_change(
-                    effect, self.seconds, moved, until=self.until
+                    effect.pk, effect.status, self.seconds, moved, until=self.until
                 ).status
                 self.took = time.monotonic() - started
         finally:
