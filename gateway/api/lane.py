@@ -232,8 +232,9 @@ def _long_poll(request: HttpRequest, caller: Caller, pk: str, read: Callable[[],
     Most long polls wait: the effect is read whole only for the answer, and the look before
     the wait reads its status alone (half of such a request's reading, building the models of
     a row that the wait made stale)."""
-    # Listening before the look: a change committed after it is news to the wait.
-    with moves.news_of(pk) as moved:
+    # Listening before the look: a change committed after it is news to the wait. A query
+    # without ``wait`` (``seen``/``until`` alone) only answers: no listener for it.
+    with moves.news_of(pk if "wait" in request.GET else None) as moved:
         status = fastpath.effect_status(principal=caller.principal, effect_id=pk)
         if status is None:
             raise NotFound(f"No effect {pk}.")  # another tenant's does not exist either

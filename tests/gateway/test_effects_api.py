@@ -345,6 +345,26 @@ def test_a_long_poll_reads_the_effect_whole_only_for_its_answer(agent, ticket_bo
     assert len(whole) == 1, whole
 
 
+def test_only_a_request_that_waits_listens_for_news(agent, ticket_body, monkeypatch):
+    # ``seen`` or ``until`` without ``wait`` answers at once: it registers no wait with the
+    # listener (nor starts its thread), as before the look before the wait read the status.
+    effect_id = created(agent, ticket_body, "t1")
+    watched: list[str] = []
+    real = moves.Listener.watching
+
+    def watching(self, effect_id):
+        watched.append(effect_id)
+        return real(self, effect_id)
+
+    monkeypatch.setattr(moves.Listener, "watching", watching)
+    for query in ("seen=PREPARED", "until=settled"):
+        response = agent.client.get(f"/api/v1/effects/{effect_id}?{query}")
+        assert response.status_code == 200 and response.json()["status"] == "PREPARED"
+    assert watched == []
+    assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.01").status_code == 200
+    assert watched == [effect_id]
+
+
 def test_reading_an_effect_is_one_query(agent, ticket_body, sandbox):
     # The lane's answer used to read the effect a second time to represent it, and its
     # receipt a third; now one prepared query reads the effect with its command, requester
