@@ -7,6 +7,7 @@ and CI set ``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis) to th
 """
 
 import json
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +38,8 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
 
 
-def env_number(name: str, default: float) -> float:
+def env_number(name: str, default: float, *, zero_turns_off: bool = False) -> float:
+    """A positive number; with ``zero_turns_off``, 0 too (the setting's "off")."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -45,13 +47,18 @@ def env_number(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number")
+    if zero_turns_off and value == 0:
+        return value
     if value <= 0:
-        raise ImproperlyConfigured(f"{name}={raw!r} must be positive")
+        allowed = "positive, or 0 to turn it off" if zero_turns_off else "positive"
+        raise ImproperlyConfigured(f"{name}={raw!r} must be {allowed}")
     return value
 
 
-def env_int(name: str, default: int) -> int:
-    value = env_number(name, default)
+def env_int(name: str, default: int, *, zero_turns_off: bool = False) -> int:
+    value = env_number(name, default, zero_turns_off=zero_turns_off)
     if value != int(value):
         raise ImproperlyConfigured(f"{name} must be a whole number")
     return int(value)
@@ -210,7 +217,9 @@ PRODUCTION = env_bool("GATEWAY_PRODUCTION", False)
 # Behind a TLS-terminating load balancer: trust its X-Forwarded-Proto, send HSTS, secure cookies.
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", PRODUCTION)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", PRODUCTION)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000) if PRODUCTION else 0
+SECURE_HSTS_SECONDS = (
+    env_int("SECURE_HSTS_SECONDS", 31_536_000, zero_turns_off=True) if PRODUCTION else 0
+)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
 if env_bool("GATEWAY_BEHIND_TLS_PROXY", PRODUCTION):
@@ -259,7 +268,7 @@ REST_FRAMEWORK = {
 }
 # Seconds a web process trusts a token (and its principal) it has already looked up; a
 # revocation or a freeze reaches every process within this (docs/security.md). 0: no cache.
-GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5)
+GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5, zero_turns_off=True)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
@@ -349,9 +358,9 @@ GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
 # Idempotency keys a web process remembers having written or replayed (gateway.fastpath
 # KnownKeys): a resubmission of one is read with one SELECT instead of the insert statement.
 # A hint only (the database answers); 0 remembers none.
-GATEWAY_REPLAY_MEMO = env_int("GATEWAY_REPLAY_MEMO", 10_000)
+GATEWAY_REPLAY_MEMO = env_int("GATEWAY_REPLAY_MEMO", 10_000, zero_turns_off=True)
 # Seconds a provider connection is kept alive between calls (0: a new connection per call).
-GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5)
+GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5, zero_turns_off=True)
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
 # A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
 # let recovery declare a call that is still running UNKNOWN and the reconciler race it.
@@ -382,7 +391,7 @@ GATEWAY_DISPATCH_CALLS = env_int("GATEWAY_DISPATCH_CALLS", 16)
 # window and the call threads carry the concurrency; other processes share a backlog), and
 # more would widen what a crash-looping worker strands per life: one effect per drainer (a
 # fresh worker's window is one claimed effect, gateway.dispatcher._Window).
-GATEWAY_DRAINERS = env_int("GATEWAY_DRAINERS", 1)
+GATEWAY_DRAINERS = env_int("GATEWAY_DRAINERS", 1, zero_turns_off=True)
 # Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
 GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
 GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
@@ -390,7 +399,7 @@ GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
 GATEWAY_RECONCILE_BACKOFF = env_number("GATEWAY_RECONCILE_BACKOFF", 5)
 GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
 # Tokens and logins (gateway.tokens, gateway.lockout, gateway.metrics_access).
-GATEWAY_AGENT_TOKEN_TTL = env_int("GATEWAY_AGENT_TOKEN_TTL", 90 * 24 * 3600)
+GATEWAY_AGENT_TOKEN_TTL = env_int("GATEWAY_AGENT_TOKEN_TTL", 90 * 24 * 3600, zero_turns_off=True)
 GATEWAY_LOGIN_MAX_FAILURES = env_int("GATEWAY_LOGIN_MAX_FAILURES", 5)
 GATEWAY_LOGIN_LOCKOUT = env_int("GATEWAY_LOGIN_LOCKOUT", 15 * 60)
 GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN", "")

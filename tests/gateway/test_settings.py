@@ -1,0 +1,78 @@
+"""The environment's numbers (gateway.settings): a malformed value stops the process with its
+name, and a setting whose documentation says "0 turns it off" takes 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from gateway.settings import env_int, env_number
+
+# The settings documented with "0 turns it off" (docs/security.md, docs/operations.md and the
+# comments in gateway/settings.py), and what 0 does to each.
+_OFF_AT_ZERO = {
+    "GATEWAY_TOKEN_CACHE_TTL": "no token cache: a revocation is seen at the next request",
+    "GATEWAY_REPLAY_MEMO": "no memo of known keys",
+    "GATEWAY_PROVIDER_KEEPALIVE": "a new provider connection per call",
+    "GATEWAY_DRAINERS": "no drainer threads in the worker",
+    "GATEWAY_AGENT_TOKEN_TTL": "agents' tokens do not expire unless issued so",
+}
+
+_PROBE = """
+import json, os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+from django.conf import settings
+print(json.dumps({name: getattr(settings, name) for name in NAMES}))
+"""
+
+
+def _load_settings(**env: str) -> subprocess.CompletedProcess:
+    """A new process loading gateway.settings with ``env`` on top of this one's."""
+    code = _PROBE.replace("NAMES", repr(sorted(_OFF_AT_ZERO)))
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_setting_documented_as_off_at_zero_takes_zero():
+    done = _load_settings(**dict.fromkeys(_OFF_AT_ZERO, "0"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == dict.fromkeys(_OFF_AT_ZERO, 0)
+
+
+def test_zero_stops_the_process_where_it_means_nothing():
+    done = _load_settings(GATEWAY_DISPATCH_LEASE="0")
+    assert done.returncode != 0
+    assert "GATEWAY_DISPATCH_LEASE='0' must be positive" in done.stderr
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf", "ten"])
+def test_a_number_that_is_not_one_is_refused_with_its_name(monkeypatch, raw):
+    monkeypatch.setenv("GATEWAY_SOME_NUMBER", raw)
+    with pytest.raises(ImproperlyConfigured, match="GATEWAY_SOME_NUMBER"):
+        env_number("GATEWAY_SOME_NUMBER", 1, zero_turns_off=True)
+
+
+def test_zero_is_a_value_only_where_it_turns_the_setting_off(monkeypatch):
+    monkeypatch.setenv("GATEWAY_SOME_NUMBER", "0")
+    assert env_int("GATEWAY_SOME_NUMBER", 3, zero_turns_off=True) == 0
+    with pytest.raises(ImproperlyConfigured, match="must be positive"):
+        env_int("GATEWAY_SOME_NUMBER", 3)
+    monkeypatch.setenv("GATEWAY_SOME_NUMBER", "2.5")
+    assert env_number("GATEWAY_SOME_NUMBER", 1) == 2.5
+    with pytest.raises(ImproperlyConfigured, match="whole number"):
+        env_int("GATEWAY_SOME_NUMBER", 3, zero_turns_off=True)
+    monkeypatch.delenv("GATEWAY_SOME_NUMBER")
+    assert env_int("GATEWAY_SOME_NUMBER", 3) == 3
