@@ -321,3 +321,13 @@ def test_the_header_says_how_the_kernel_shares_the_cores(tmp_path):
     setting.write_text("0\n")
     assert scheduler_grouping(str(setting)).startswith("per thread")
     assert scheduler_grouping(str(tmp_path / "absent")) == "unknown"
+
+
+def test_a_paced_rate_given_is_offered_as_it_is_and_a_fraction_follows_the_throughput():
+    from gateway.management.commands.bench import offered_rate
+
+    measured = [400.0, 520.0, 480.0]
+    assert offered_rate(0.5, 0, measured) == 240.0  # half the median
+    assert offered_rate(0.5, 260, measured) == 260  # the same load in runs to compare
+    assert offered_rate(0, 260, measured) == 260
+    assert offered_rate(0, 0, measured) == 0  # no paced pass

@@ -137,6 +137,14 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def offered_rate(fraction: float, per_second: float, measured: list[float]) -> float:
+    """The paced pass's rate (0: none): ``--paced-rate`` as given, else ``--paced``'s fraction
+    of the median throughput just measured."""
+    if per_second > 0:
+        return per_second
+    return fraction * median(measured) if fraction > 0 else 0.0
+
+
 def web_server_command(options: dict, port: int) -> list[str]:
     """One web node: ``--web-workers`` processes × ``--web-threads`` threads each."""
     workers, threads = str(options["web_workers"]), str(options["web_threads"])
@@ -239,6 +247,14 @@ class Command(BaseCommand):
             "offered at FRACTION of the throughput just measured (an open loop, e.g. 0.5): "
             "latency under a load the machine carries, where a closed loop at saturation "
             "measures its queue (c ÷ throughput)",
+        )
+        parser.add_argument(
+            "--paced-rate",
+            type=float,
+            default=0.0,
+            metavar="PER_SECOND",
+            help="as --paced, at this many submissions a second instead of a fraction of the "
+            "throughput just measured: the same offered load in runs to compare",
         )
         parser.add_argument(
             "--no-autovacuum",
@@ -380,8 +396,12 @@ class Command(BaseCommand):
                     row = {"floor": floor, "strict": strict, "product": product}
                     results.setdefault(c, []).append(row)
                     self._line(c, r, row)
-                if options["paced"] > 0:
-                    rate = options["paced"] * median([x["product"]["rate"] for x in results[c]])
+                rate = offered_rate(
+                    options["paced"],
+                    options["paced_rate"],
+                    [x["product"]["rate"] for x in results[c]],
+                )
+                if rate > 0:
                     self._vacuum()
                     paced[c] = self._product_pass(c, n, tokens, f"paced:{run}:{c}", rate=rate)
                     self._paced_line(c, paced[c])
@@ -837,8 +857,8 @@ class Command(BaseCommand):
             f"{percentile(p['submit'], 50) * 1000:.1f} / {percentile(p['submit'], 99) * 1000:.1f}"
             f" ms  e2e p50/p99 {percentile(p['e2e'], 50) * 1000:.0f} / "
             f"{percentile(p['e2e'], 99) * 1000:.0f} ms  CPU ms/effect "
-            f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f}; dups {p['dups']}; "
-            f"load {p['load']:.2f}"
+            f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f}; commits/effect "
+            f"{p['commits']:.2f}; dups {p['dups']}; load {p['load']:.2f}"
         )
         if self.autovacuum is not None:
             during, slow = p["tail"]
