@@ -12,11 +12,3 @@ application = get_asgi_application()
 from gateway.lib.gcfreeze import freeze_startup_objects  # noqa: E402 (Django is set up above)
 
 freeze_startup_objects()
-
-# A request whose answer from PostgreSQL has come waits at most this long for the Python of
-# this process's other requests (gateway.lib.switchinterval).
-from django.conf import settings  # noqa: E402
-
-from gateway.lib.switchinterval import set_switch_interval  # noqa: E402
-
-set_switch_interval(settings.GATEWAY_WEB_SWITCH_INTERVAL_MS)

@@ -269,10 +269,6 @@ REST_FRAMEWORK = {
 # Seconds a web process trusts a token (and its principal) it has already looked up; a
 # revocation or a freeze reaches every process within this (docs/security.md). 0: no cache.
 GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5, zero_turns_off=True)
-# Milliseconds a thread of a web process may keep running Python while another of its threads,
-# whose answer from PostgreSQL or Redis has come, waits to go on (sys.setswitchinterval, set by
-# gateway.wsgi and gateway.asgi; Python's default is 5). gateway/lib/switchinterval.py.
-GATEWAY_WEB_SWITCH_INTERVAL_MS = env_number("GATEWAY_WEB_SWITCH_INTERVAL_MS", 1)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
