@@ -210,9 +210,9 @@ def run(
     (no coordinated omission); ``late`` counts the submissions no thread was free to send on
     time."""
     local = threading.local()
-    # (when it was due or sent, on this process's perf_counter; how long it took): one list, so
-    # that the two stay paired whichever thread appends.
-    timed: list[tuple[float, float]] = []
+    # (when it was due or sent, on this process's perf_counter; how long it took; the web node
+    # it went to): one list, so that the three stay together whichever thread appends.
+    timed: list[tuple[float, float, int]] = []
     wrong: list[int] = []
     late: list[int] = []
     ids: list[str | None] = [None] * count
@@ -233,14 +233,15 @@ def run(
             started = due
         else:
             started = time.perf_counter()
-        conn = conns[bases[index % len(bases)]]
+        node = index % len(bases)
+        conn = conns[bases[node]]
         status, content = submit(
             conn,
             tokens[index % len(tokens)],
             f"{prefix}:{index}",
             {**body, "payload": {"title": f"bench {index}", "priority": "P4"}},
         )
-        timed.append((started, time.perf_counter() - started))
+        timed.append((started, time.perf_counter() - started, node))
         if status != 201:
             wrong.append(status)
             return
@@ -263,10 +264,11 @@ def run(
         "polls": oracle.polls if oracle is not None else 0,
         "started_at": started_at,
         "ids": [effect_id for effect_id in ids if effect_id],
-        "submit": [latency for _, latency in timed],
+        "submit": [latency for _, latency, _ in timed],
+        "nodes": [node for _, _, node in timed],  # the web node each went to, in that order
         # Each submission's span on the wall clock: what the benchmark sets beside what else
         # ran on the machine at the time (the autovacuum stand-in's passes).
-        "spans": [(wall + sent, wall + sent + latency) for sent, latency in timed],
+        "spans": [(wall + sent, wall + sent + latency) for sent, latency, _ in timed],
         "wrong": wrong,
         "late": len(late),
         "cpu": ((after.user + after.system) - (before.user + before.system)) / count,

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psycopg
 import pytest
 from django.conf import settings
+from django.core.management.base import CommandError
 
 from gateway.lib import benchclient, benchfloor
 from gateway.management.commands.bench import slowest_during
@@ -331,3 +332,41 @@ def test_a_paced_rate_given_is_offered_as_it_is_and_a_fraction_follows_the_throu
     assert offered_rate(0.5, 260, measured) == 260  # the same load in runs to compare
     assert offered_rate(0, 260, measured) == 260
     assert offered_rate(0, 0, measured) == 0  # no paced pass
+
+
+def test_each_web_node_gets_its_own_latencies_and_its_own_environment():
+    from gateway.management.commands.bench import by_node, web_node_env
+
+    class Quick(_SlowHandler):
+        delay, arrivals = 0.0, []
+
+    class Slow(_SlowHandler):
+        delay, arrivals = 0.25, []
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (Quick, Slow)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = benchclient.run(
+            bases=[f"http://127.0.0.1:{server.server_port}" for server in servers],
+            tokens=["t"],
+            body={},
+            prefix="nodes",
+            concurrency=2,
+            count=8,
+        )
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    split = by_node(result["submit"], result["nodes"])
+    assert sorted(split) == [0, 1] and len(split[0]) == len(split[1]) == 4
+    assert max(split[0]) < 0.25 <= min(split[1])  # node 1 is the slow one, every time
+
+    assert web_node_env(["1:GATEWAY_X=1", "1:GATEWAY_Y=a=b", "0:Z="], 2) == {
+        1: {"GATEWAY_X": "1", "GATEWAY_Y": "a=b"},
+        0: {"Z": ""},
+    }
+    for bad in (["2:GATEWAY_X=1"], ["x:GATEWAY_X=1"], ["1:GATEWAY_X"], ["GATEWAY_X=1"]):
+        with pytest.raises(CommandError):
+            web_node_env(bad, 2)

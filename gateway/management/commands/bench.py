@@ -145,6 +145,28 @@ def offered_rate(fraction: float, per_second: float, measured: list[float]) -> f
     return fraction * median(measured) if fraction > 0 else 0.0
 
 
+def web_node_env(specs: list[str], nodes: int) -> dict[int, dict[str, str]]:
+    """``--web-node-env``'s ``NODE:NAME=VALUE`` items, by node."""
+    by_node: dict[int, dict[str, str]] = {}
+    for spec in specs:
+        node, _, assignment = spec.partition(":")
+        name, equals, value = assignment.partition("=")
+        if not node.isdigit() or not name or not equals:
+            raise CommandError(f"--web-node-env {spec!r}: expected NODE:NAME=VALUE")
+        if int(node) >= nodes:
+            raise CommandError(f"--web-node-env {spec!r}: there are {nodes} web node(s), from 0")
+        by_node.setdefault(int(node), {})[name] = value
+    return by_node
+
+
+def by_node(latencies: list[float], nodes: list[int]) -> dict[int, list[float]]:
+    """Each web node's latencies (the client sends submission i to node i mod nodes)."""
+    split: dict[int, list[float]] = {}
+    for latency, node in zip(latencies, nodes, strict=True):
+        split.setdefault(node, []).append(latency)
+    return split
+
+
 def web_server_command(options: dict, port: int) -> list[str]:
     """One web node: ``--web-workers`` processes × ``--web-threads`` threads each."""
     workers, threads = str(options["web_workers"]), str(options["web_threads"])
@@ -264,6 +286,16 @@ class Command(BaseCommand):
             "gateway/lib/autovacuum.py)",
         )
         parser.add_argument("--web-nodes", type=int, default=1, help="gunicorn servers")
+        parser.add_argument(
+            "--web-node-env",
+            action="append",
+            default=[],
+            metavar="NODE:NAME=VALUE",
+            help="an environment variable for one web node only (0-based, repeatable), e.g. "
+            "--web-nodes 2 --web-node-env 1:GATEWAY_TOKEN_CACHE_TTL=0: two settings of the web "
+            "tier side by side in the same passes, with each node's submit latency printed (runs "
+            "one after the other on this machine differ more than most such settings do)",
+        )
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--web-threads", type=int, default=3)
         parser.add_argument(
@@ -497,8 +529,13 @@ class Command(BaseCommand):
         }
         logs = settings.VAR_DIR / "bench"
         logs.mkdir(parents=True, exist_ok=True)
+        node_env = web_node_env(options["web_node_env"], len(ports))
         children = [
-            self._spawn(web_server_command(options, port), env, logs / f"web{node}.log")
+            self._spawn(
+                web_server_command(options, port),
+                {**env, **node_env.get(node, {})},
+                logs / f"web{node}.log",
+            )
             for node, port in enumerate(ports)
         ]
         web = len(children)
@@ -680,6 +717,7 @@ class Command(BaseCommand):
                 "client": client["cpu"] * 1000,
             },
             "commits": commits / n,
+            "nodes": client["nodes"],
             "offered": rate,
             "late": client.get("late", 0),
             "tail": slowest_during([tuple(span) for span in client["spans"]], busy),
@@ -848,6 +886,21 @@ class Command(BaseCommand):
             )
         dups = [floor["dups"], *([strict["dups"]] if strict else []), product["dups"]]
         self.stdout.write(f"{line}; dups {'/'.join(map(str, dups))}; load {product['load']:.2f}")
+        self._node_line(product)
+
+    def _node_line(self, p: dict) -> None:
+        """With several web nodes, each one's submit latency (``--web-node-env``)."""
+        split = by_node(p["submit"], p["nodes"])
+        if len(split) < 2:
+            return
+        self.stdout.write(
+            "      submit p50/p90/p99 ms by web node: "
+            + ", ".join(
+                f"{node}: {percentile(values, 50) * 1000:.1f} / "
+                f"{percentile(values, 90) * 1000:.1f} / {percentile(values, 99) * 1000:.1f}"
+                for node, values in sorted(split.items())
+            )
+        )
 
     def _paced_line(self, c: int, p: dict) -> None:
         cpu = p["cpu"]
@@ -860,6 +913,7 @@ class Command(BaseCommand):
             f"{cpu['web']:.1f}+{cpu['worker']:.1f}+{cpu['pg']:.1f}; commits/effect "
             f"{p['commits']:.2f}; dups {p['dups']}; load {p['load']:.2f}"
         )
+        self._node_line(p)
         if self.autovacuum is not None:
             during, slow = p["tail"]
             self.stdout.write(
