@@ -144,7 +144,8 @@ _EMBEDDED_RUN_DIR = embedded.socket_dir(VAR_DIR)
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", "") or embedded.database_url(_EMBEDDED_RUN_DIR),
-        conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60),
+        # 0: a connection per request or task (Django's CONN_MAX_AGE = 0, e.g. behind a pooler).
+        conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60, zero_turns_off=True),
         # Off by default: the check is a ``SELECT 1`` round trip at the first query of every
         # request (one in four of a submission's round trips). Without it a connection that
         # broke while idle (a PostgreSQL restart) fails the one request that uses it next;

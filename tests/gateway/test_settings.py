@@ -28,15 +28,15 @@ _PROBE = """
 import json, os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 from django.conf import settings
-print(json.dumps({name: getattr(settings, name) for name in NAMES}))
+print(json.dumps(EXPRESSION))
 """
 
 
-def _load_settings(**env: str) -> subprocess.CompletedProcess:
-    """A new process loading gateway.settings with ``env`` on top of this one's."""
-    code = _PROBE.replace("NAMES", repr(sorted(_OFF_AT_ZERO)))
+def _load_settings(expression: str, **env: str) -> subprocess.CompletedProcess:
+    """A new process loading gateway.settings with ``env`` on top of this one's, printing
+    ``expression`` (of ``settings``) as JSON."""
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", _PROBE.replace("EXPRESSION", expression)],
         cwd=settings.BASE_DIR,
         env={**os.environ, "PYTHONWARNINGS": "ignore", **env},
         capture_output=True,
@@ -45,15 +45,29 @@ def _load_settings(**env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_every_setting_documented_as_off_at_zero_takes_zero():
-    done = _load_settings(**dict.fromkeys(_OFF_AT_ZERO, "0"))
+def _printed(done: subprocess.CompletedProcess):
     assert done.returncode == 0, done.stderr[-2000:]
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    assert loaded == dict.fromkeys(_OFF_AT_ZERO, 0)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_setting_documented_as_off_at_zero_takes_zero():
+    names = sorted(_OFF_AT_ZERO)
+    done = _load_settings(
+        f"{{name: getattr(settings, name) for name in {names!r}}}",
+        **dict.fromkeys(names, "0"),
+    )
+    assert _printed(done) == dict.fromkeys(names, 0)
+
+
+def test_a_connection_per_request_is_conn_max_age_zero():
+    done = _load_settings(
+        'settings.DATABASES["default"]["CONN_MAX_AGE"]', GATEWAY_DB_CONN_MAX_AGE="0"
+    )
+    assert _printed(done) == 0
 
 
 def test_zero_stops_the_process_where_it_means_nothing():
-    done = _load_settings(GATEWAY_DISPATCH_LEASE="0")
+    done = _load_settings("settings.GATEWAY_DISPATCH_LEASE", GATEWAY_DISPATCH_LEASE="0")
     assert done.returncode != 0
     assert "GATEWAY_DISPATCH_LEASE='0' must be positive" in done.stderr
 
