@@ -244,7 +244,8 @@ def _long_poll(request: HttpRequest, caller: Caller, pk: str, read: Callable[[],
         if not _must_wait(status, wait, seen, until):
             return read()
         with wait_slot(cast(Any, caller)):  # 429 when the caller or this node has too many open
-            return _wait_for_change(pk, status, wait, moved, read, until)
+            look = partial(fastpath.effect_status, principal=caller.principal, effect_id=pk)
+            return _wait_for_change(pk, status, wait, moved, read, until, look)
 
 
 def _effect_read(principal: Principal, effect_id: str) -> Effect:

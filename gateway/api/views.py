@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway import capabilities, moves, selectors, services
+from gateway import capabilities, fastpath, moves, selectors, services
 from gateway.api.auth import principal_of
 from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import (
@@ -184,8 +184,11 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
             until = _parse_until(request.query_params.get("until"))
             if _must_wait(effect.status, wait, seen, until):
                 with wait_slot(request):  # 429 when the caller or this node has too many open
+                    look = partial(
+                        fastpath.effect_status, principal=principal_of(request), effect_id=effect.pk
+                    )
                     effect = _wait_for_change(
-                        effect.pk, effect.status, wait, moved, self.get_object, until
+                        effect.pk, effect.status, wait, moved, self.get_object, until, look
                     )
         return Response(self.get_serializer(effect).data)
 
@@ -361,6 +364,7 @@ def _wait_for_change(
     moved: threading.Event | None = None,
     read: Callable[[], Effect] | None = None,
     until: frozenset[str] | None = None,
+    look: Callable[[], str | None] | None = None,
 ) -> Effect:
     """Until the effect's status differs from ``status``, the one it was read with (or, with
     ``until``, is one of those), or for ``seconds``; the effect as it is then.
@@ -369,9 +373,12 @@ def _wait_for_change(
     read. News makes it read the effect at once; without news it looks at the one status
     column after ``moves.FALLBACK_PAUSE``, or, while the news cannot arrive (the listener not
     subscribed), after growing pauses. ``read``: how the answer reads the effect (as the
-    request read it: the caller's view of it)."""
+    request read it: the caller's view of it); ``look``: how the wait reads its status alone
+    (a request's, scoped to the caller's tenant like ``read``). Both default to the effect by
+    id, for callers that are not a request (tools, tests)."""
     moved = moved or threading.Event()
     read = read or partial(_effect_for_answer, effect_id)
+    look = look or partial(_status_by_id, effect_id)
     deadline = time.monotonic() + seconds
     seen = status
 
@@ -392,9 +399,13 @@ def _wait_for_change(
                 return fresh
         elif time.monotonic() >= deadline:
             break  # the answer's read is the last look
-        elif done(Effect.objects.filter(pk=effect_id).values_list("status", flat=True).first()):
+        elif done(look()):
             break
     return read()
+
+
+def _status_by_id(effect_id: str) -> str | None:
+    return Effect.objects.filter(pk=effect_id).values_list("status", flat=True).first()
 
 
 def _effect_for_answer(effect_id: str) -> Effect:

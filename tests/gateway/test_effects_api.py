@@ -105,8 +105,12 @@ def test_wait_without_change_returns_the_same_status(agent, ticket_body):
     assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=soon").status_code == 400
 
 
+# The lane's long poll looks at the status before it waits; DRF's view reads the effect whole.
+@pytest.mark.parametrize(
+    "accept, own_looks", [("application/json", 1), ("application/json; indent=4", 0)]
+)
 def test_without_news_a_wait_looks_again_within_milliseconds_then_backs_off(
-    agent, ticket_body, monkeypatch
+    agent, ticket_body, monkeypatch, accept, own_looks
 ):
     # An effect the provider answers at once is CONFIRMED a few milliseconds after its
     # submission: a first look after 50 ms made an agent's wait ten times as long as the effect.
@@ -114,11 +118,26 @@ def test_without_news_a_wait_looks_again_within_milliseconds_then_backs_off(
     monkeypatch.setattr(moves.Listener, "subscribed", property(lambda self: False))
     effect_id = created(agent, ticket_body, "t1")
     with CaptureQueriesContext(connection) as queries:
-        assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3").status_code == 200
-    looks = [q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]]
+        answer = agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3", HTTP_ACCEPT=accept)
+        assert answer.status_code == 200
+    looks = _status_looks(queries)[own_looks:]  # the wait's
     # After 0, 5, 15, 35, 75 and 155 ms (pauses doubling from 5 ms): not one look in 50 ms,
     # and not a busy loop either.
     assert 5 <= len(looks) <= 9, len(looks)
+
+
+def _status_looks(queries: CaptureQueriesContext) -> list[dict]:
+    """The long poll's looks at the status alone (``fastpath.effect_status``), each scoped to
+    the caller's tenant: a look by id alone would read another tenant's effect."""
+    looks = [
+        q for q in queries.captured_queries if "SELECT e.status FROM gateway_effect" in q["sql"]
+    ]
+    assert all("e.tenant_id = " in q["sql"] for q in looks), looks
+    unscoped = [
+        q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]
+    ]
+    assert unscoped == [], unscoped
+    return looks
 
 
 def test_with_news_a_wait_does_not_poll(agent, ticket_body):
@@ -132,11 +151,10 @@ def test_with_news_a_wait_does_not_poll(agent, ticket_body):
     effect_id = created(agent, ticket_body, "t1")
     with CaptureQueriesContext(connection) as queries:
         assert agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.3").status_code == 200
-    looks = [q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]]
-    assert looks == [], len(looks)
+    looks = _status_looks(queries)
+    assert len(looks) == 1, len(looks)  # the request's own, before the wait
     reads = [q for q in queries.captured_queries if "gateway_effect" in q["sql"]]
-    reads = [q for q in reads if '"gateway_effect"."status"' not in q["sql"]]  # not looks
-    assert len(reads) == 2, len(reads)  # the request's, the answer's
+    assert len(reads) == 2, len(reads)  # the request's look, the answer's read
 
 
 def test_a_wait_from_a_status_the_effect_has_left_answers_at_once(agent, ticket_body):
@@ -144,8 +162,8 @@ def test_a_wait_from_a_status_the_effect_has_left_answers_at_once(agent, ticket_
     with CaptureQueriesContext(connection) as queries:
         response = agent.client.get(f"/api/v1/effects/{effect_id}?wait=5&seen=DISPATCHING")
     assert response.status_code == 200 and response.json()["status"] == "PREPARED"
-    looks = [q for q in queries.captured_queries if 'SELECT "gateway_effect"."status"' in q["sql"]]
-    assert looks == []  # answered from the read the request made, without waiting
+    # Answered from the request's own look, without waiting.
+    assert len(_status_looks(queries)) == 1
     # From the status it has: a long poll as before (answers when the wait ends, unchanged).
     same = agent.client.get(f"/api/v1/effects/{effect_id}?wait=0.1&seen=PREPARED")
     assert same.json()["status"] == "PREPARED"
