@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from gateway.lib import benchclient, benchfloor
-from gateway.management.commands.bench import slowest_during
+from gateway.management.commands.bench import python_speed, slowest_during
 
 
 def _dsn() -> str:
@@ -370,3 +370,14 @@ def test_each_web_node_gets_its_own_latencies_and_its_own_environment():
     for bad in (["2:GATEWAY_X=1"], ["x:GATEWAY_X=1"], ["1:GATEWAY_X"], ["GATEWAY_X=1"]):
         with pytest.raises(CommandError):
             web_node_env(bad, 2)
+
+
+def test_the_machines_python_speed_is_this_threads_cpu_for_the_loop():
+    # CPU time of the thread that runs the loop: a longer loop takes longer, and another
+    # thread's work (the sandbox provider in the bench's process) is not counted in it.
+    busy = threading.Thread(target=python_speed, args=(3_000_000,))
+    busy.start()
+    none = python_speed(0)
+    some = python_speed(1_000_000)
+    busy.join()
+    assert 0 <= none < 0.005 < some

@@ -63,6 +63,18 @@ def test_cpu_is_judged_at_every_concurrency_not_only_the_best():
     assert row.figure == "c = 1: 6.7, c = 8: 3.9, c = 32: 4.7"
 
 
+def test_cpu_says_its_multiple_of_the_floors_cpu_beside_it():
+    # Milliseconds are the machine's (the same code read 3.1 ms per effect on one machine and
+    # 7.1 on a slower one): the multiple of the floor's own CPU says more. The verdict stays in
+    # milliseconds.
+    rows = _run({8: _line(cpu_ms=7.3, floor_cpu_ms=2.2), 32: _line(cpu_ms=3.1, floor_cpu_ms=1.0)})
+    row = rows["≤ 5 ms CPU per effect"]
+    assert row.figure == "c = 8: 7.3 (3.3× the floor's 2.2), c = 32: 3.1 (3.1× the floor's 1.0)"
+    assert row.met is False
+    unmeasured = _run({8: _line(cpu_ms=4.0, floor_cpu_ms=math.nan)})["≤ 5 ms CPU per effect"]
+    assert unmeasured.figure == "c = 8: 4.0" and unmeasured.met is True
+
+
 def test_throughput_that_stops_growing_with_concurrency_is_not_growing():
     rows = _run({1: _line(rate=200.0), 8: _line(rate=387.0), 32: _line(rate=335.0)})
     assert rows["growing with concurrency"].met is False

@@ -186,6 +186,19 @@ def web_server_command(options: dict, port: int) -> list[str]:
 # --- CPU from /proc ----------------------------------------------------------------------------
 
 
+def python_speed(additions: int = 5_000_000) -> float:
+    """CPU seconds of this thread for a loop of ``additions`` in pure Python: how fast the
+    machine runs the interpreter, which the milliseconds of every CPU figure depend on
+    (docs/reliability.md, session 14: one machine ran the same code at 3.1 ms per effect and
+    the next at 7.3). Runs that read differently here were made on different machines:
+    compare their ratios to the floor, not their milliseconds."""
+    started = time.thread_time()
+    total = 0
+    for number in range(additions):
+        total += number
+    return time.thread_time() - started
+
+
 def scheduler_grouping(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> str:
     """How the kernel shares the cores out, which moves the ratio more than most changes to
     the product do (docs/reliability.md, session 11). With autogroups, every session weighs
@@ -849,6 +862,7 @@ class Command(BaseCommand):
             + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
             + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
             + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+            + f"; pure Python: 5 M additions in {python_speed():.2f} s of CPU"
             + f"; scheduler: {scheduler_grouping()}"
             + f"; autovacuum: {self.autovacuum_mode}"
             + (
@@ -998,6 +1012,7 @@ class Command(BaseCommand):
                 e2e_p50_ms=percentile(e2e, 50) * 1000,
                 seal_p99_ms=percentile(seal, 99) * 1000,
                 duplicates=dups[0] + dups[1],
+                floor_cpu_ms=fpg + fclient,
             )
             self.stdout.write(
                 f"| {c} | {floor_rate:.0f} | {rate:.1f} | {ratio:.3f} | {strict_rate:.0f} | "
