@@ -9,7 +9,10 @@ the services) with the environ a server would build for ``POST /api/v1/commands`
 agent of tenant ``webcost`` (an unlimited grant, or with ``--budget`` one with a count budget,
 which the submission reserves), and prints per submission the CPU of this process and the wall
 time, for three rounds. ``--replay`` sends one key over and over (the replay path);
-``--profile`` runs one round under cProfile on CPU time instead. Nothing consumes what it
+``--profile`` runs one round under cProfile on CPU time instead. ``--pause MS`` adds, in each
+round, a pass with a pause before every submission: on the development machine the same replay
+took twice the CPU after a 2 ms pause as back to back (docs/reliability.md, session 14), which is
+most of the difference between this figure and a web process's. Nothing consumes what it
 submits: use a scratch database (the effects stay PREPARED) and a Redis database of its own.
 
 Against the benchmark (``manage.py bench``), which measures the web processes behind gunicorn,
@@ -36,6 +39,14 @@ def main() -> None:
     parser.add_argument("--budget", action="store_true", help="under a grant with a budget")
     parser.add_argument("--replay", action="store_true", help="one key, replayed")
     parser.add_argument("--profile", action="store_true", help="one round under cProfile")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="also run each round with this pause before every submission: what a request "
+        "costs when the process was off the CPU before it, as a server's is between requests",
+    )
     parser.add_argument("--sort", default="cumulative", help="the profile's order (tottime, …)")
     options = parser.parse_args()
 
@@ -77,15 +88,24 @@ def main() -> None:
         profile.disable()
         pstats.Stats(profile).sort_stats(options.sort).print_stats(50)
     else:
+        passes = [("back to back", 0.0)]
+        if options.pause:
+            passes.append((f"each after a {options.pause:g} ms pause", options.pause / 1000))
         for round_ in range(3):
-            cpu, wall = time.process_time(), time.perf_counter()
-            for index in range(n):
-                submit(round_ * n + index)
-            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            print(
-                f"round {round_ + 1}: {cpu / n * 1000:.2f} ms CPU, {wall / n * 1000:.2f} ms wall "
-                f"per submission (load {os.getloadavg()[0]:.2f})"
-            )
+            for number, (name, pause) in enumerate(passes):
+                first = (round_ * len(passes) + number) * n
+                cpu, wall = time.process_time(), time.perf_counter()
+                for index in range(n):
+                    if pause:
+                        time.sleep(pause)  # no CPU: the process is off it, as between requests
+                    submit(first + index)
+                cpu = time.process_time() - cpu
+                wall = time.perf_counter() - wall - pause * n
+                print(
+                    f"round {round_ + 1}, {name}: {cpu / n * 1000:.2f} ms CPU, "
+                    f"{wall / n * 1000:.2f} ms wall per submission "
+                    f"(load {os.getloadavg()[0]:.2f})"
+                )
     print("answers:", dict(answers))
 
 
