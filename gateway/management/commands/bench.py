@@ -190,7 +190,7 @@ def python_speed(additions: int = 5_000_000) -> float:
     """CPU seconds of this thread for a loop of ``additions`` in pure Python: how fast the
     machine runs the interpreter, which the milliseconds of every CPU figure depend on
     (docs/reliability.md, session 14: one machine ran the same code at 3.1 ms per effect and
-    the next at 7.3). Runs that read differently here were made on different machines:
+    the next at 7.1). Runs that read differently here were made on different machines:
     compare their ratios to the floor, not their milliseconds."""
     started = time.thread_time()
     total = 0
