@@ -245,7 +245,7 @@ def _long_poll(request: HttpRequest, caller: Caller, pk: str, read: Callable[[],
             return read()
         with wait_slot(cast(Any, caller)):  # 429 when the caller or this node has too many open
             look = partial(fastpath.effect_status, principal=caller.principal, effect_id=pk)
-            return _wait_for_change(pk, status, wait, moved, read, until, look)
+            return _wait_for_change(status, wait, moved, read=read, look=look, until=until)
 
 
 def _effect_read(principal: Principal, effect_id: str) -> Effect:

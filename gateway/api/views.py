@@ -188,7 +188,7 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
                         fastpath.effect_status, principal=principal_of(request), effect_id=effect.pk
                     )
                     effect = _wait_for_change(
-                        effect.pk, effect.status, wait, moved, self.get_object, until, look
+                        effect.status, wait, moved, read=self.get_object, look=look, until=until
                     )
         return Response(self.get_serializer(effect).data)
 
@@ -358,13 +358,13 @@ def _must_wait(
 
 
 def _wait_for_change(
-    effect_id: str,
     status: str,
     seconds: float,
-    moved: threading.Event | None = None,
-    read: Callable[[], Effect] | None = None,
+    moved: threading.Event,
+    *,
+    read: Callable[[], Effect],
+    look: Callable[[], str | None],
     until: frozenset[str] | None = None,
-    look: Callable[[], str | None] | None = None,
 ) -> Effect:
     """Until the effect's status differs from ``status``, the one it was read with (or, with
     ``until``, is one of those), or for ``seconds``; the effect as it is then.
@@ -373,12 +373,9 @@ def _wait_for_change(
     read. News makes it read the effect at once; without news it looks at the one status
     column after ``moves.FALLBACK_PAUSE``, or, while the news cannot arrive (the listener not
     subscribed), after growing pauses. ``read``: how the answer reads the effect (as the
-    request read it: the caller's view of it); ``look``: how the wait reads its status alone
-    (a request's, scoped to the caller's tenant like ``read``). Both default to the effect by
-    id, for callers that are not a request (tools, tests)."""
-    moved = moved or threading.Event()
-    read = read or partial(_effect_for_answer, effect_id)
-    look = look or partial(_status_by_id, effect_id)
+    request read it: the caller's view of it); ``look``: how the wait reads its status alone.
+    Both are the caller's, scoped to its tenant: there is no default by id, which would read
+    another tenant's effect (tools and tests pass their own)."""
     deadline = time.monotonic() + seconds
     seen = status
 
@@ -402,16 +399,6 @@ def _wait_for_change(
         elif done(look()):
             break
     return read()
-
-
-def _status_by_id(effect_id: str) -> str | None:
-    return Effect.objects.filter(pk=effect_id).values_list("status", flat=True).first()
-
-
-def _effect_for_answer(effect_id: str) -> Effect:
-    return Effect.objects.select_related(
-        "command", "command__requested_by", "approved_by", "tenant"
-    ).get(pk=effect_id)
 
 
 class EffectTypesView(APIView):

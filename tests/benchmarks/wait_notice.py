@@ -73,7 +73,17 @@ def main() -> None:
                 ):
                     effect = Effect.objects.get(pk=self.effect_id)
                     self.ready.set()
-                    views._wait_for_change(effect.pk, effect.status, 10, moved)
+                    views._wait_for_change(
+                        effect.status,
+                        10,
+                        moved,
+                        read=lambda: Effect.objects.get(pk=self.effect_id),
+                        look=lambda: (
+                            Effect.objects.filter(pk=self.effect_id)
+                            .values_list("status", flat=True)
+                            .first()
+                        ),
+                    )
                 self.returned = time.perf_counter()
                 self.reads = sum('FROM "gateway_effect"' in q["sql"] for q in queries)
             finally:

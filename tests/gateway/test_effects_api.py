@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from gateway import moves, services
+from gateway.api import views
 from gateway.models import Effect, EffectEvent
 
 pytestmark = pytest.mark.django_db
@@ -138,6 +139,14 @@ def _status_looks(queries: CaptureQueriesContext) -> list[dict]:
     ]
     assert unscoped == [], unscoped
     return looks
+
+
+def test_a_wait_reads_only_the_way_its_caller_says():
+    # No read by id alone to fall back on: a request path that forgot its tenant-scoped read
+    # or look would otherwise read another tenant's effect; now it cannot be called at all.
+    for given, missing in (("look", "read"), ("read", "look")):
+        with pytest.raises(TypeError, match=f"argument: '{missing}'"):
+            views._wait_for_change("PREPARED", 0.01, threading.Event(), **{given: lambda: None})
 
 
 def test_with_news_a_wait_does_not_poll(agent, ticket_body):

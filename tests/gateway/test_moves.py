@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 import redis
@@ -84,6 +85,12 @@ def subscribed() -> None:
         time.sleep(0.01)
 
 
+def status_of(effect_id: str) -> str | None:
+    """The wait's look by id: these tests are about its timing, not about its tenant (the
+    request paths pass scoped reads: tests/gateway/test_effects_api.py)."""
+    return Effect.objects.filter(pk=effect_id).values_list("status", flat=True).first()
+
+
 class Waiting(threading.Thread):
     """``_wait_for_change`` on its own thread (and database connection), timed."""
 
@@ -102,7 +109,12 @@ class Waiting(threading.Thread):
                 effect = Effect.objects.get(pk=self.effect_id)
                 started = time.monotonic()
                 self.status = views._wait_for_change(
-                    effect.pk, effect.status, self.seconds, moved, until=self.until
+                    effect.status,
+                    self.seconds,
+                    moved,
+                    read=partial(Effect.objects.get, pk=effect.pk),
+                    look=partial(status_of, effect.pk),
+                    until=self.until,
                 ).status
                 self.took = time.monotonic() - started
         finally:
