@@ -360,7 +360,7 @@ def _must_wait(
 def _wait_for_change(
     status: str,
     seconds: float,
-    moved: threading.Event,
+    moved: threading.Event | None,
     *,
     read: Callable[[], Effect],
     look: Callable[[], str | None],
@@ -376,6 +376,7 @@ def _wait_for_change(
     request read it: the caller's view of it); ``look``: how the wait reads its status alone.
     Both are the caller's, scoped to its tenant: there is no default by id, which would read
     another tenant's effect (tools and tests pass their own)."""
+    moved = moved or threading.Event()
     deadline = time.monotonic() + seconds
     seen = status
 
