@@ -650,9 +650,16 @@ class _FailureStreak:
     MAX_PAUSE = 8.0
     REMIND_EVERY = 60.0
 
-    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        what: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        max_pause: float = MAX_PAUSE,
+    ) -> None:
         self.what = what
         self.clock = clock
+        self.max_pause = max_pause
         self.count = 0
         self.since = self.reminded = 0.0
 
@@ -672,7 +679,7 @@ class _FailureStreak:
                 extra={"failures": self.count, "seconds": round(now - self.since)},
                 exc_info=True,
             )
-        return min(self.MAX_PAUSE, 2.0 ** (self.count - 1))
+        return min(self.max_pause, 2.0 ** (self.count - 1))
 
     def succeeded(self) -> None:
         if self.count:
@@ -697,6 +704,7 @@ class Drainers:
     killed task would."""
 
     WAIT_SECONDS = 1.0  # how long a BLPOP blocks before looking at ``stopping`` again
+    RECONNECT_SECONDS = 2.0  # the longest pause between tries while Redis is down
 
     def __init__(self, queue: str, count: int) -> None:
         self.flag = DueFlag(queue)
@@ -724,13 +732,19 @@ class Drainers:
         client = redis.Redis.from_url(
             broker.url(), socket_timeout=self.WAIT_SECONDS + 5, socket_connect_timeout=2
         )
-        waits, drains = _FailureStreak("waiting for wake-ups"), _FailureStreak("a drain")
+        # Redis is asked again every RECONNECT_SECONDS at most while it is down: the drain
+        # after its return (below) is what sends the effects submitted meanwhile.
+        waits = _FailureStreak("waiting for wake-ups", max_pause=self.RECONNECT_SECONDS)
+        drains = _FailureStreak("a drain")
         while not self.stopping.is_set():
             try:
                 woken = self.flag.wait(client, self.WAIT_SECONDS)
             except redis.RedisError:
                 self.stopping.wait(waits.failed())
                 continue
+            # Back from an outage: the wake-ups of what was submitted meanwhile were never
+            # pushed (or died with Redis), so drain now rather than wait for the sweeper.
+            woken = woken or waits.count > 0
             waits.succeeded()
             if not woken:
                 # Idle for a while: give the database connection back (a worker's drainers

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
@@ -262,12 +263,23 @@ def publish(send: Callable[[str], Any], object_id: str) -> None:
     effect's ``next_dispatch_at`` is set before it commits)."""
     try:
         send(object_id)
-    except Exception:
+    except Exception as exc:
+        # With the broker down every submission fails here: one traceback a minute, and a
+        # line per submission naming the error, not a chained traceback each.
+        global _publish_traceback_at
+        now = time.monotonic()
+        with_traceback = now - _publish_traceback_at >= PUBLISH_TRACEBACK_EVERY
+        if with_traceback:
+            _publish_traceback_at = now
         logger.warning(
             "publish failed; the sweeper will send it",
-            extra={"object_id": object_id},
-            exc_info=True,
+            extra={"object_id": object_id, "error": f"{type(exc).__name__}: {exc}"},
+            exc_info=with_traceback,
         )
+
+
+PUBLISH_TRACEBACK_EVERY = 60.0
+_publish_traceback_at = -PUBLISH_TRACEBACK_EVERY
 
 
 def backoff(base: float, attempt: int, *, cap: float = 300.0) -> timedelta:

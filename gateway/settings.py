@@ -246,7 +246,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GATEWAY_MAX_BODY_BYTES", 64 * 1024)
 _CACHE_URL = env_str("GATEWAY_CACHE_URL", "")
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
+        # Falls back to per-process counts while Redis is down (gateway/lib/cache.py).
+        {"BACKEND": "gateway.lib.cache.DegradingRedisCache", "LOCATION": _CACHE_URL}
         if _CACHE_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     )
