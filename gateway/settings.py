@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+import effect_gateway_client
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
@@ -274,7 +275,8 @@ GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5, zero_turns_of
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
-    "VERSION": "1.0.0",
+    # One version for the API, the Python and TypeScript clients and the MCP server.
+    "VERSION": effect_gateway_client.__version__,
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     # Swagger UI served from the package, not a CDN: the docs work on a closed network.

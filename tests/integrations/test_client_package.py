@@ -1,10 +1,11 @@
-"""The standalone ``effect-gateway-client`` package (clients/python, issue 15 item 5): the
+"""The standalone ``effect-gateway-client`` package (clients/python): the
 async client against a live gateway, the typed models checked against the OpenAPI schema,
 no Django, and the public ``gateway.*`` import paths naming the same objects."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from effect_gateway_client import (
     AsyncGatewayClient,
     Effect,
     EffectType,
+    GatewayClient,
     IdempotencyKeyMismatch,
     NotFound,
 )
@@ -52,6 +54,47 @@ def test_the_async_client_submits_replays_waits_and_raises_problems(
     assert "ticket.create" in {t.type for t in types}
     assert [e.effect_id for e in listed.results] == [first.effect_id]
     assert len(sandbox.operations(type="ticket.create")) == 1
+
+
+def test_the_async_client_has_every_call_of_the_sync_client_with_the_same_parameters():
+    def calls(cls) -> dict[str, inspect.Signature]:
+        return {
+            name: inspect.signature(member)
+            for name, member in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_") and name not in {"close", "aclose"}
+        }
+
+    sync, asynchronous = calls(GatewayClient), calls(AsyncGatewayClient)
+    assert sorted(sync) == sorted(asynchronous)
+    for name, signature in sync.items():
+        assert list(signature.parameters) == list(asynchronous[name].parameters), name
+        assert inspect.iscoroutinefunction(getattr(AsyncGatewayClient, name)), name
+
+
+def test_the_async_client_compensates_once(gateway_url, agent, approver, sandbox, eager_tasks):
+    order = {"type": "order", "id": "ord_881", "version": 17}
+    charge = {"amount": 600_000, "currency": "EUR", "customer_id": "cus_42"}
+
+    async def main():
+        async with (
+            AsyncGatewayClient(gateway_url, agent.token, backoff=0.01) as gateway,
+            AsyncGatewayClient(gateway_url, approver.token, backoff=0.01) as human,
+        ):
+            effect = await gateway.submit(
+                "billing.charge.create", order, charge, key="billing.charge.create:ord_881:a:v1"
+            )
+            await human.approve(effect.effect_id, effect.payload_digest)
+            await gateway.wait(effect.effect_id, timeout=10)
+            first = await gateway.compensate(effect.effect_id, "charged twice")
+            again = await gateway.compensate(effect.effect_id, "charged twice")
+            return first, again, await gateway.get(effect.effect_id)
+
+    first, again, original = anyio.run(main)
+    assert first.type == "billing.refund.create" and first.replayed is False
+    # The refund of 6,000.00 waits for its own approval; asking again replays it.
+    assert again.effect_id == first.effect_id and again.replayed is True
+    assert original.status == "COMPENSATING"
+    assert sandbox.operations(type="billing.refund.create") == []
 
 
 def test_the_typed_models_match_the_openapi_schema(client):

@@ -394,3 +394,47 @@ def test_remote_mcp_over_streamable_http_with_bearer_tokens(http_mcp, agent, san
     command = Command.objects.get(pk=result.structuredContent["effect_id"])
     assert command.requested_by_id == agent.principal.pk  # acted with the caller's token
     assert len(sandbox.operations(type="ticket.create")) == 1
+
+
+def test_the_http_server_refuses_other_hosts_and_origins(http_mcp):
+    """DNS rebinding: a page of another site, or a name rebound to this port, gets nothing;
+    the server's own names pass the guard (and meet the bearer check: 401)."""
+    import httpx
+
+    port = http_mcp.split(":")[2].split("/")[0]
+
+    def post(**headers: str) -> httpx.Response:
+        return httpx.post(http_mcp, json={}, headers=headers, trust_env=False)
+
+    assert post(Host=f"evil.example:{port}").status_code == 421
+    assert post(Host=f"localhost:{port}").status_code == 401
+    assert post(Origin="http://evil.example").status_code == 403
+    assert post(Origin=f"http://127.0.0.1:{port}").status_code == 401
+    assert post().status_code == 401  # no Origin: not a browser, the token decides
+
+
+def test_without_the_mcp_extra_the_script_says_what_to_install():
+    blocked = (
+        "import sys; sys.modules['mcp'] = None; "
+        "from effect_gateway_client.mcp_cli import entry; entry()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "pip install 'effect-gateway-client[mcp]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_tool_says_irreversible_once(gateway_url, agent):
+    from effect_gateway_client.mcp_server.server import GatewayTools, submit_tool
+
+    tools = GatewayTools(gateway_url, token=agent.token)
+    try:
+        catalogue = {t.type: t for t in tools.client(agent.token).effect_types()}
+    finally:
+        tools.close()
+    for effect_type in catalogue.values():
+        said = submit_tool(effect_type).description.lower().count("irreversible")
+        assert said == (1 if effect_type.irreversible else 0), effect_type.type
+    assert catalogue["email.message.send"].irreversible

@@ -37,7 +37,7 @@ from effect_gateway_client.models import (
     tool_name,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CONTEXT_KEYS",

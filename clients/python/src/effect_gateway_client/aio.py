@@ -14,17 +14,17 @@ import random
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import httpx
 
 from effect_gateway_client.client import (
-    CONTEXT_KEYS,
     MAX_POLL,
     RETRY_STATUSES,
     _problem,
     _retry_after,
     command_body,
+    effect_page,
+    list_params,
 )
 from effect_gateway_client.errors import GatewayUnavailable
 from effect_gateway_client.models import SETTLED, Effect, EffectPage, EffectType
@@ -144,32 +144,14 @@ class AsyncGatewayClient:
         *,
         status: str | Iterable[str] | None = None,
         type: str | None = None,
+        owner: str | None = None,
         context: Mapping[str, str] | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> EffectPage:
-        params: dict[str, Any] = {}
-        if status:
-            params["status"] = status if isinstance(status, str) else ",".join(status)
-        if type:
-            params["type"] = type
-        for name, value in (context or {}).items():
-            if name not in CONTEXT_KEYS:
-                raise ValueError(f"context filter {name!r} is not one of {CONTEXT_KEYS}")
-            params[f"context.{name}"] = value
-        if limit:
-            params["limit"] = limit
-        if cursor:
-            params["cursor"] = cursor
-        body = (await self._request("GET", "/api/v1/effects", params=params)).json()
-        next_url = body.get("next")
-        next_cursor = (
-            parse_qs(urlparse(next_url).query).get("cursor", [None])[0] if next_url else None
-        )
-        return EffectPage(
-            results=[Effect.from_json(item) for item in body.get("results", [])],
-            next_cursor=next_cursor,
-        )
+        """One page of the tenant's effects, newest first (``GatewayClient.list``)."""
+        params = list_params(status, type, owner, context, limit, cursor)
+        return effect_page((await self._request("GET", "/api/v1/effects", params=params)).json())
 
     async def events(self, effect_id: str) -> builtins.list[dict[str, Any]]:
         return (await self._request("GET", f"/api/v1/effects/{effect_id}/events")).json()
@@ -189,6 +171,19 @@ class AsyncGatewayClient:
 
     async def cancel(self, effect_id: str, reason: str = "") -> Effect:
         return await self._action(effect_id, "cancel", {"reason": reason})
+
+    async def compensate(self, effect_id: str, reason: str) -> Effect:
+        """Issue the contract's compensator as a new command; answers the compensating effect.
+        Asking again replays it, so this request is retried like a submission."""
+        response = await self._request(
+            "POST",
+            f"/api/v1/effects/{effect_id}/compensate",
+            json={"reason": reason},
+            idempotent=True,
+        )
+        return Effect.from_json(
+            response.json(), replayed=response.headers.get("Idempotent-Replayed") == "true"
+        )
 
     async def _action(self, effect_id: str, action: str, body: dict[str, Any]) -> Effect:
         response = await self._request("POST", f"/api/v1/effects/{effect_id}/{action}", json=body)

@@ -165,30 +165,8 @@ class GatewayClient:
         """One page of the tenant's effects, newest first. ``context={"run_id": …}`` keeps the
         effects of one agent run (keys: runtime, session_id, run_id, call_id, thread_id,
         agent); pass ``cursor=page.next_cursor`` for the next page."""
-        params: dict[str, Any] = {}
-        if status:
-            params["status"] = status if isinstance(status, str) else ",".join(status)
-        if type:
-            params["type"] = type
-        if owner:
-            params["owner"] = owner
-        for name, value in (context or {}).items():
-            if name not in CONTEXT_KEYS:
-                raise ValueError(f"context filter {name!r} is not one of {CONTEXT_KEYS}")
-            params[f"context.{name}"] = value
-        if limit:
-            params["limit"] = limit
-        if cursor:
-            params["cursor"] = cursor
-        body = self._request("GET", "/api/v1/effects", params=params).json()
-        next_url = body.get("next")
-        next_cursor = None
-        if next_url:
-            next_cursor = parse_qs(urlparse(next_url).query).get("cursor", [None])[0]
-        return EffectPage(
-            results=[Effect.from_json(item) for item in body.get("results", [])],
-            next_cursor=next_cursor,
-        )
+        params = list_params(status, type, owner, context, limit, cursor)
+        return effect_page(self._request("GET", "/api/v1/effects", params=params).json())
 
     def events(self, effect_id: str) -> builtins.list[dict[str, Any]]:
         """The effect's status changes, oldest first (a JSON array)."""
@@ -287,6 +265,43 @@ class GatewayClient:
             return
         ceiling = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
         time.sleep(random.uniform(ceiling / 2, ceiling))
+
+
+def list_params(
+    status: str | Iterable[str] | None,
+    type: str | None,
+    owner: str | None,
+    context: Mapping[str, str] | None,
+    limit: int | None,
+    cursor: str | None,
+) -> dict[str, Any]:
+    """The query of ``GET /api/v1/effects`` for ``list`` (sync and async)."""
+    params: dict[str, Any] = {}
+    if status:
+        params["status"] = status if isinstance(status, str) else ",".join(status)
+    if type:
+        params["type"] = type
+    if owner:
+        params["owner"] = owner
+    for name, value in (context or {}).items():
+        if name not in CONTEXT_KEYS:
+            raise ValueError(f"context filter {name!r} is not one of {CONTEXT_KEYS}")
+        params[f"context.{name}"] = value
+    if limit:
+        params["limit"] = limit
+    if cursor:
+        params["cursor"] = cursor
+    return params
+
+
+def effect_page(body: dict[str, Any]) -> EffectPage:
+    """A page of ``GET /api/v1/effects``, with the cursor of the next one."""
+    next_url = body.get("next")
+    next_cursor = parse_qs(urlparse(next_url).query).get("cursor", [None])[0] if next_url else None
+    return EffectPage(
+        results=[Effect.from_json(item) for item in body.get("results", [])],
+        next_cursor=next_cursor,
+    )
 
 
 def command_body(

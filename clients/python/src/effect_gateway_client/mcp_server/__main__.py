@@ -6,7 +6,13 @@ is the protocol.
 
 ``--transport streamable-http``: serves ``http://HOST:PORT/mcp``; every request must carry
 ``Authorization: Bearer <gateway token>`` and acts with that token (401 otherwise). No token
-of the server's own is used, so reaching the port gives nothing without a token.
+of the server's own is used, so reaching the port gives nothing without a token. Against DNS
+rebinding (the MCP transport specification asks servers to check it), a request whose
+``Host`` is not the server's own (421) or whose ``Origin`` is another site's (403) is refused
+before anything else: the server's own names are HOST:PORT, localhost:PORT, 127.0.0.1:PORT
+and [::1]:PORT; ``--allowed-host`` and ``--allowed-origin`` (repeatable, or comma-separated
+in GATEWAY_MCP_ALLOWED_HOSTS / GATEWAY_MCP_ALLOWED_ORIGINS) add the names a reverse proxy or
+a browser-based client uses.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -47,17 +53,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="streamable-http bind address")
     parser.add_argument("--port", type=int, default=8808, help="streamable-http port")
     parser.add_argument("--timeout", type=float, default=15.0, help="gateway request timeout")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=_env_list("GATEWAY_MCP_ALLOWED_HOSTS"),
+        help="streamable-http: another Host header to accept, e.g. mcp.example.com (repeatable)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=_env_list("GATEWAY_MCP_ALLOWED_ORIGINS"),
+        help="streamable-http: a browser Origin to accept, e.g. https://app.example.com",
+    )
     return parser.parse_args(argv)
 
 
-def http_app(tools: GatewayTools) -> Any:
-    """The streamable-HTTP ASGI app: bearer check, then the SDK's session manager."""
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def security_settings(
+    host: str, port: int, *, hosts: Sequence[str] = (), origins: Sequence[str] = ()
+) -> Any:
+    """The MCP SDK's DNS-rebinding protection for this server's own names and the extra ones."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    names = {host, "localhost", "127.0.0.1", "[::1]"}
+    own = [f"{name}:{port}" for name in sorted(names)]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*own, *hosts],
+        allowed_origins=[*(f"http://{name}" for name in own), *origins],
+    )
+
+
+def http_app(tools: GatewayTools, security: Any = None) -> Any:
+    """The streamable-HTTP ASGI app: Host/Origin check, bearer check, then the SDK's session
+    manager (which checks Host/Origin again with the same settings)."""
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from mcp.server.transport_security import TransportSecurityMiddleware
     from starlette.applications import Starlette
+    from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    manager = StreamableHTTPSessionManager(app=build_server(tools))
+    manager = StreamableHTTPSessionManager(app=build_server(tools), security_settings=security)
+    guard = TransportSecurityMiddleware(security)
 
     def unauthorized(detail: str) -> JSONResponse:
         return JSONResponse(
@@ -67,6 +108,10 @@ def http_app(tools: GatewayTools) -> Any:
         )
 
     async def mcp_endpoint(scope, receive, send) -> None:
+        refused = await guard.validate_request(Request(scope), is_post=False)
+        if refused is not None:  # another site's page, or a rebound DNS name
+            await refused(scope, receive, send)
+            return
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         token = bearer_token(headers.get("authorization"))
         if not token:
@@ -138,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     tools = GatewayTools(args.gateway_url, agent=args.agent, timeout=args.timeout)
+    security = security_settings(
+        args.host, args.port, hosts=args.allowed_host, origins=args.allowed_origin
+    )
     try:
-        uvicorn.run(http_app(tools), host=args.host, port=args.port, log_level="warning")
+        app = http_app(tools, security)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         tools.close()
     return 0

@@ -53,6 +53,7 @@ from effect_gateway_client import (
     NotPermitted,
     RateLimited,
     ValidationFailed,
+    __version__,
     tool_name,
 )
 
@@ -152,7 +153,7 @@ def destructive(effect_type: EffectType) -> bool:
 def submit_tool(effect_type: EffectType) -> types.Tool:
     approval = effect_type.approval.get("description", "")
     notes = [effect_type.description, f"Approval: {approval}" if approval else ""]
-    if effect_type.irreversible:
+    if effect_type.irreversible and "irreversible" not in effect_type.description.lower():
         notes.append("Irreversible: it can only be followed by a correction.")
     notes.append("Idempotent per idempotency_key: the same key and payload return the same effect.")
     return types.Tool(
@@ -607,7 +608,7 @@ def build_server(tools: GatewayTools) -> Server:
     """The MCP server for one gateway. Handlers are registered on the request table directly
     (not with the SDK's decorators): the SDK's own input validation would answer its raw
     jsonschema message, and its catch-all would turn a refused token into a tool result."""
-    server: Server = Server(SERVER_NAME, version="2", instructions=INSTRUCTIONS)
+    server: Server = Server(SERVER_NAME, version=__version__, instructions=INSTRUCTIONS)
 
     async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
         try:
