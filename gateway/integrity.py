@@ -12,6 +12,7 @@ owner, and never sent.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -19,6 +20,7 @@ from django.utils import timezone
 
 from gateway import audit, hooks, ledger
 from gateway.choices import ApprovalState
+from gateway.contracts import get_contract
 from gateway.lib.digest import payload_digest
 from gateway.lib.vault import InvalidToken, open_bound
 from gateway.models import Command, Effect
@@ -57,6 +59,51 @@ def verified_payload(effect: Effect) -> tuple[dict[str, Any] | None, str]:
             f"the approval names digest {effect.approved_digest or 'none'}, the payload {digest}"
         )
     return payload, ""
+
+
+@dataclass(frozen=True)
+class ShownPayload:
+    """A payload as a page or an API read may show it: taken from the sealed payload after its
+    digest was checked, never from a column that a database writer could edit alone."""
+
+    payload: dict[str, Any] | None
+    verified: bool
+    problem: str = ""
+
+
+def payload_to_show(
+    command: Command, *, clear: bool, opened: dict[str, Any] | None = None
+) -> ShownPayload:
+    """What a reader sees of ``command``'s payload: the clear payload (``clear``: a role
+    allowed to see it) or its redaction, both from the sealed payload once its digest is the
+    command's. ``opened``: the clear payload in hand (just submitted, never stored unsealed).
+
+    Anything else is a record that failed verification, shown as such with no payload: a
+    payload that does not open, one whose digest is not the command's, or a stored redaction
+    that is not the redaction of the sealed payload (what an approver reads would not be what
+    the digest binds)."""
+    payload = opened
+    if payload is None:
+        try:
+            payload = open_command_payload(command)
+        except (InvalidToken, ValueError) as exc:
+            return ShownPayload(None, False, f"the sealed payload does not open ({exc})")
+        found = payload_digest(type=command.type, resource=command.resource, payload=payload)
+        if found != command.payload_digest:
+            return ShownPayload(
+                None,
+                False,
+                f"the sealed payload has digest {found}, the command {command.payload_digest}",
+            )
+    if clear:
+        return ShownPayload(payload, True)
+    contract = get_contract(command.type)
+    redacted = ledger.redact(payload, contract) if contract else command.payload_redacted
+    if redacted != command.payload_redacted:
+        return ShownPayload(
+            None, False, "the stored redacted payload is not the redaction of the sealed one"
+        )
+    return ShownPayload(redacted, True)
 
 
 def verified_claimed_payload(

@@ -9,8 +9,8 @@ from rest_framework import serializers
 from gateway import selectors
 from gateway.choices import EffectStatus
 from gateway.contracts import get_contract
+from gateway.integrity import ShownPayload, payload_to_show
 from gateway.models import Capability, Effect, EffectEvent, Receipt
-from gateway.services import command_payload
 
 # NOTE: a few fields are named like attributes of DRF's Field (``context``, ``required``,
 # ``source``); DRF's stubs type those attributes, so mypy sees a clash that DRF itself resolves
@@ -121,6 +121,11 @@ class EffectSerializer(serializers.ModelSerializer):
     expires_at = serializers.DateTimeField(source="command.expires_at")
     payload = serializers.SerializerMethodField()
     payload_redacted = serializers.BooleanField(read_only=True, default=False)
+    payload_verified = serializers.SerializerMethodField(
+        help_text="false: this record failed verification (its sealed payload does not open "
+        "or does not have the command's digest, or the stored redaction is not the sealed "
+        "payload's); payload is then null, and nothing of it is approved or sent."
+    )
     approval = serializers.SerializerMethodField()
     receipt = serializers.SerializerMethodField()
     compensation = serializers.SerializerMethodField()
@@ -140,6 +145,7 @@ class EffectSerializer(serializers.ModelSerializer):
             "resource",
             "payload",
             "payload_redacted",
+            "payload_verified",
             "intent",
             "context",
             "provider",
@@ -164,13 +170,21 @@ class EffectSerializer(serializers.ModelSerializer):
     def _viewer(self):
         return self.context.get("principal")
 
+    def _shown(self, effect: Effect) -> tuple[bool, ShownPayload]:
+        """(whether the viewer may see the clear payload, what they are shown): from the
+        sealed payload, checked against the command's digest (gateway.integrity)."""
+        viewer = self._viewer()
+        visible = viewer is not None and selectors.may_see_payload(viewer, effect)
+        opened = getattr(effect, "_clear_payload", None)  # just submitted: no decryption
+        return visible, payload_to_show(effect.command, clear=visible, opened=opened)
+
     @extend_schema_field(serializers.JSONField)
     def get_payload(self, effect: Effect):
-        viewer = self._viewer()
-        if viewer is not None and selectors.may_see_payload(viewer, effect):
-            clear = getattr(effect, "_clear_payload", None)  # just submitted: no decryption
-            return clear if clear is not None else command_payload(effect.command)
-        return effect.command.payload_redacted
+        return self._shown(effect)[1].payload
+
+    @extend_schema_field(serializers.BooleanField)
+    def get_payload_verified(self, effect: Effect) -> bool:
+        return self._shown(effect)[1].verified
 
     def to_representation(self, effect: Effect):
         """The fields above, written out: DRF would build (and deep-copy) every field of this
@@ -180,14 +194,8 @@ class EffectSerializer(serializers.ModelSerializer):
         None); ``test_effect_representation_is_drfs`` compares the two for effects in every
         shape, so a field added above and not here fails it."""
         command = effect.command
-        viewer = self._viewer()
         zone = timezone.get_current_timezone()  # once, not per timestamp
-        visible = viewer is not None and selectors.may_see_payload(viewer, effect)
-        if visible:
-            clear = getattr(effect, "_clear_payload", None)  # just submitted: no decryption
-            payload = clear if clear is not None else command_payload(command)
-        else:
-            payload = command.payload_redacted
+        visible, shown = self._shown(effect)
         return {
             "effect_id": _text(effect.pk),
             "type": _text(effect.type),
@@ -197,8 +205,9 @@ class EffectSerializer(serializers.ModelSerializer):
             "provider_idempotency_key": _text(command.provider_key),
             "payload_digest": _text(command.payload_digest),
             "resource": command.resource,
-            "payload": payload,
+            "payload": shown.payload,
             "payload_redacted": not visible,
+            "payload_verified": shown.verified,
             "intent": command.intent,
             "context": command.context,
             "provider": _text(command.provider),

@@ -16,6 +16,7 @@ from gateway.choices import APPROVER_ROLES, EffectStatus
 from gateway.console import extensions
 from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled, role_may
 from gateway.contracts import EffectContract, get_contract
+from gateway.integrity import payload_to_show
 from gateway.models import Effect, EffectTypeFreeze, Principal
 from gateway.templatetags.console import money, since, until
 
@@ -40,6 +41,8 @@ class ApprovalCard:
     live: Effect | None = None
     # Other effects of the tenant with the same digest that already happened.
     look_alikes: tuple[Effect, ...] = ()
+    # Why the record failed verification (gateway.integrity), or "": nothing to decide then.
+    unverified: str = ""
 
 
 def plain_words(effect: Effect, contract: EffectContract | None, payload: dict) -> str:
@@ -152,7 +155,10 @@ def approval_card(
     alikes: dict[str, list[Effect]] | None = None,
 ) -> ApprovalCard:
     contract = get_contract(effect.type)
-    payload = effect.command.payload_redacted
+    # What the approver reads is the redaction of the sealed payload whose digest they sign,
+    # not the stored copy alone (a writer of that column would show them another amount).
+    shown = payload_to_show(effect.command, clear=False)
+    payload = shown.payload if shown.verified and shown.payload is not None else {}
     mine = effect.command.requested_by_id == principal.pk
     if blocked is None:
         blocked = blocked_reasons(principal, [effect])
@@ -165,10 +171,13 @@ def approval_card(
         cost=money(payload),
         payload=payload,
         mine=mine,
-        can_decide=effect.status == S.AWAITING_APPROVAL and role_may(principal, APPROVER_ROLES),
+        can_decide=shown.verified
+        and effect.status == S.AWAITING_APPROVAL
+        and role_may(principal, APPROVER_ROLES),
         blocked=blocked.get(effect.pk, ""),
         live=live_promotion(principal, effect),
         look_alikes=tuple(alikes.get(effect.pk, ())),
+        unverified=shown.problem,
     )
 
 

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from cryptography.fernet import InvalidToken
 from django.http import HttpResponse
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -42,6 +41,7 @@ from gateway.console.forms import ApproveForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import CORRELATION_KEYS
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import NotFound
+from gateway.integrity import payload_to_show
 from gateway.models import Command, Effect, Principal, Receipt
 from gateway.templatetags.console import duration_label, money
 
@@ -194,13 +194,21 @@ def available_actions(
     return actions
 
 
-def _open_payload(command: Command) -> dict[str, Any] | None:
-    """The clear payload, or None when the vault key that sealed it is not configured (a
-    rotation gone wrong): the page then shows the redacted payload instead of failing."""
-    try:
-        return services.command_payload(command)
-    except InvalidToken:
-        return None
+def _payload_views(principal: Principal, effect: Effect) -> tuple[bool, dict, dict, str]:
+    """(may see it in clear, the clear payload, what the viewer is shown, why the record
+    failed verification or ""): both from the sealed payload once its digest is the
+    command's (gateway.integrity), never from a column a database writer could edit alone."""
+    command = effect.command
+    clear_view = payload_to_show(command, clear=True)
+    if not clear_view.verified or clear_view.payload is None:
+        return False, {}, {}, clear_view.problem
+    may_see = selectors.may_see_payload(principal, effect)
+    if may_see:
+        return True, clear_view.payload, clear_view.payload, ""
+    shown = payload_to_show(command, clear=False, opened=clear_view.payload)
+    if not shown.verified or shown.payload is None:
+        return False, {}, {}, shown.problem
+    return False, clear_view.payload, shown.payload, ""
 
 
 def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
@@ -208,12 +216,7 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
     now = timezone.now()
     command = effect.command
     contract = get_contract(effect.type)
-    clear = _open_payload(command)
-    sealed_unreadable = clear is None
-    if clear is None:
-        clear = command.payload_redacted
-    may_see = selectors.may_see_payload(principal, effect) and not sealed_unreadable
-    shown = clear if may_see else command.payload_redacted
+    may_see, clear, shown, unverified = _payload_views(principal, effect)
     receipt = selectors.effect_latest_receipt(effect)
     hidden = () if may_see or contract is None else contract.personal_fields
     events = list(selectors.effect_events(effect))
@@ -255,7 +258,7 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         "command": command,
         "contract": contract,
         "may_see_payload": may_see,
-        "sealed_unreadable": sealed_unreadable,
+        "unverified": unverified,
         "payload": shown,
         "cost": money(shown),
         "receipt": receipt,
@@ -277,7 +280,9 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
             for key, value in (command.context or {}).items()
             if key not in CORRELATION_KEYS
         },
-        "actions": available_actions(principal, effect, page),
+        # A record that failed verification has nothing an approver could sign for.
+        "actions": available_actions(principal, effect, page)
+        - ({"approve"} if unverified else set()),
         "in_status": duration_label(now - effect.status_changed_at),
         "token": token,
         "now": now,

@@ -863,6 +863,8 @@ export interface components {
             readonly payload: unknown;
             /** @default false */
             readonly payload_redacted: boolean;
+            /** @description false: this record failed verification (its sealed payload does not open or does not have the command's digest, or the stored redaction is not the sealed payload's); payload is then null, and nothing of it is approved or sent. */
+            readonly payload_verified: boolean;
             readonly intent: Record<string, never>;
             readonly context: Record<string, never>;
             provider: string;
