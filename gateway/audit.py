@@ -23,8 +23,8 @@ snapshot-bounded batches, without their wait for the oldest transaction of the c
 What protects an event between its commit and its seal (the sealing lag, about the interval):
 the database trigger only, which refuses every UPDATE and DELETE of an event (gateway migration
 0013). Once sealed, an event is also covered by ``manage.py verify_audit``, which catches what
-the trigger cannot (a superuser who disabled it, an edited backup). docs/architecture.md,
-"Audit chain: sealed after commit", has the trade.
+the trigger cannot (a superuser who disabled it, an edited backup). docs/concepts/audit.md,
+"Sealed after commit", has the trade.
 
 ``lock_chain`` remains as the tenant-wide mutex of the writers that touch several rows of a
 tenant in one transaction (the reconciler's case writes, the saga orchestrator): they take

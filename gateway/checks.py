@@ -56,7 +56,7 @@ def statistics_must_follow_the_ledger(app_configs=None, databases=None, **kwargs
     statistics (settings.GATEWAY_DB_GENERIC_PLANS); without autovacuum nothing refreshes
     them, and a plan made on a small ledger keeps reading whole tables as it grows: the
     drainer's claim hash-joined every command ever written, at half the throughput, in an
-    8,000-effect benchmark pass (docs/operations.md, "Statistics")."""
+    8,000-effect benchmark pass (docs/guides/operations.md, "Statistics")."""
     row = _postgres_row(
         "SELECT current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on'"
     )
@@ -68,7 +68,7 @@ def statistics_must_follow_the_ledger(app_configs=None, databases=None, **kwargs
             "the ledger's tables as they grow, and the prepared claim, submission and record "
             "keep the plans of the size they had when each connection first ran them.",
             hint="Turn autovacuum on (PostgreSQL's default), or run ANALYZE on a schedule; "
-            "see docs/operations.md, 'Statistics'.",
+            "see docs/guides/operations.md, 'Statistics'.",
             id="gateway.W002",
         )
     ]

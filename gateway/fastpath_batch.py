@@ -157,7 +157,7 @@ def due_effect_ids(*, limit: int, skip: list[str] | tuple[str, ...] = ()) -> lis
 # caller passes only such outcomes. The outcomes arrive as one JSON array of rows (``_row``),
 # not an array per column: psycopg inspects and dumps every element of every list it binds,
 # and 21 lists of a batch's values were most of this statement's CPU in the worker
-# (docs/reliability.md, "The batch record's parameters"; jsonb, not json: with its parse, the
+# (measured with tests/benchmarks/pg_cost.py; jsonb, not json: with its parse, the
 # cheaper of the two for PostgreSQL at a full batch). The effect rows are named by
 # ``= ANY(ids)`` as well: the planner knows nothing of ``o``'s rows, and without statistics
 # (no ANALYZE yet) it chose to scan a whole table to join them.

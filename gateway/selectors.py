@@ -41,7 +41,7 @@ def effects_filtered(
     """The API's list: a page of effects, then its commands, requesters and receipts read by
     key (prefetched), not joined. Joined, PostgreSQL merges the page with the command table
     walked from its newest row, so a cursor at depth d of the history read d commands (half
-    way down 5 M effects: seconds; docs/reliability.md, "Flat at 1 M and 5 M"); prefetched,
+    way down 5 M effects: seconds; docs/performance.md, "Scale at 1 M and 5 M effects"); prefetched,
     every page costs the same few statements, the latest receipts included."""
     query = (
         Effect.objects.filter(tenant_id=principal.tenant_id)

@@ -172,7 +172,7 @@ DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
 # (plan_cache_mode auto) plans the first five executions for their parameters before it
 # settles on the generic plan, and these CTEs cost 1-7 ms to plan against 0.1-0.5 ms to run;
 # with connections renewed every CONN_MAX_AGE that warm-up was about a third of the server's
-# CPU per effect in the bench (docs/reliability.md, "Round 4"). Every prepared statement here
+# CPU per effect in the bench. Every prepared statement here
 # looks rows up by key or by a partial index, where the generic plan is the one PostgreSQL
 # settles on anyway. It touches only prepared statements (ours, and the foreign-key checks'
 # cached plans): Django's own cursors bind on the client. Off: GATEWAY_DB_GENERIC_PLANS=false.

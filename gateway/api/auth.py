@@ -114,7 +114,7 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
     default rate, read and written back per request, over the network where the cache is
     Redis (several web nodes). In process, with the local-memory cache and 8,000 requests in
     the window, a request's throttle took 70 µs CPU with the log and 36 µs with this
-    (docs/reliability.md, "Session 6").
+    (measured in process).
 
     The difference from the log: over an arbitrary window of one period, a client that
     saved up a full burst can spend it and then go on at the sustained rate, so it can get

@@ -5,7 +5,7 @@ An agent submits a command (``POST /api/v1/commands``) and reads or long-polls i
 the whole stack each request paid for what only the console uses (sessions, CSRF, logins'
 lockout, messages, htmx, static files) and for DRF's request machinery (a Request wrapper,
 content negotiation, a serializer's field copies), about a third of the web tier's CPU per
-submission (docs/reliability.md).
+submission (docs/internals/hot-path.md).
 
 :class:`ApiLaneMiddleware`, right after the input guard, serves those requests with the parts
 that define them and nothing else: ``BearerTokenAuthentication`` (with the token cache of

@@ -37,7 +37,7 @@ def _matching_ids(*, tenant_id: int, q: str) -> QuerySet:
     """The ids of the tenant's effects that ``q`` names, newest first: one indexed lookup per
     kind of identifier, united. As one OR across the effect, its command and its receipts the
     query could use no index and read the whole ledger (seconds at a million effects;
-    docs/reliability.md, "Flat at 1 M and 5 M")."""
+    docs/performance.md, "Scale at 1 M and 5 M effects")."""
     commands = Command.objects.filter(tenant_id=tenant_id)
     contracts = CONTRACTS.values()
     by_id = Effect.objects.filter(tenant_id=tenant_id, pk=q).values_list("pk")

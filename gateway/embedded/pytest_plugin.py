@@ -25,7 +25,7 @@ from gateway import embedded
 
 # PostgreSQL refuses connection number max_connections+1: the run cannot hold more than this.
 # The largest single test holds 21 (twenty racing threads and its own); tests/conftest.py
-# runs such tests one at a time. Measured peak of `make test`: see README ("Tests").
+# runs such tests one at a time (docs/internals/testing.md).
 MAX_CONNECTIONS = 30
 
 _servers: embedded.TestServers | None = None

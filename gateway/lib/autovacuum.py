@@ -7,8 +7,8 @@ so the plan it settles on scans ``gateway_command`` whole and hash-joins it to t
 effects; only an ``ANALYZE`` (which invalidates the cached plan) makes it read the indexes.
 Without one every claim reads every command written so far: a pass of 8,000 effects at c = 8
 ran at 174 effects/s with PostgreSQL spending 4.8 ms per effect and claims of 10–20 ms
-(``auto_explain``), against 360 effects/s and 1.4 ms with an ``ANALYZE`` every two seconds
-(docs/reliability.md, session 8). A deployment runs autovacuum, which analyzes a table once a
+(``auto_explain``), against 360 effects/s and 1.4 ms with an ``ANALYZE`` every two seconds.
+A deployment runs autovacuum, which analyzes a table once a
 tenth of it has changed; this does the same, with PostgreSQL's default thresholds.
 
 It looks every ``naptime`` seconds (autovacuum's default is a minute per database; the

@@ -1,4 +1,4 @@
-"""Issue 12's targets, read off one run of ``manage.py bench``: for each, the run's figure and
+"""The benchmark's targets, read off one run of ``manage.py bench``: for each, the run's figure and
 whether it is met, so that a run says itself where the product stands.
 
 A target whose figure the run did not measure (a concurrency it did not run, no paced pass)
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from itertools import pairwise
 
-# The issue's numbers (docs/reliability.md, "Throughput against a floor").
+# The targets (docs/performance.md, "Throughput against the floor").
 RATIO = 0.4  # product effects/s ÷ floor effects/s at c = 8
 CPU_MS = 5.0  # web + worker + PostgreSQL, per effect
 E2E_P50_MS = 30.0  # submission → CONFIRMED at c = 8
@@ -69,10 +69,10 @@ def _at_most(target: str, value: float | None, limit: float, shown: str, missing
 
 def _cpu(line: Line) -> str:
     """The product's CPU per effect, and its multiple of the floor's own beside it.
-    Milliseconds are the machine's: the same code read 3.1 ms at c = 8 on session 13's machine
-    and 7.1 on session 14's, three times slower at pure Python (docs/reliability.md). The
+    Milliseconds are the machine's: the same code read 3.1 ms at c = 8 on one machine and
+    7.1 on another, three times slower at pure Python (docs/performance.md). The
     multiple compares across machines as the throughput ratio does. The verdict stays in
-    milliseconds, as the issue set it, beside a floor of 1.8–3.6 ms."""
+    milliseconds, as the target is set, beside a floor of 1.8–3.6 ms."""
     if not _known(line.floor_cpu_ms) or line.floor_cpu_ms <= 0:
         return f"{line.cpu_ms:.1f}"
     multiple = line.cpu_ms / line.floor_cpu_ms
@@ -197,7 +197,7 @@ def verdicts(
 
 
 def table(rows: list[Verdict]) -> list[str]:
-    """The verdicts as a Markdown table, for docs/reliability.md as printed."""
+    """The verdicts as a Markdown table, as printed at the end of a run."""
     mark = {True: "yes", False: "**no**", None: "not measured"}
     lines = ["| issue 12's target | this run | met |", "|---|---|---|"]
     lines += [f"| {row.target} | {row.figure} | {mark[row.met]} |" for row in rows]

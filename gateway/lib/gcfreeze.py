@@ -4,7 +4,7 @@ A web or worker process holds about 140,000 objects once Django, the apps and th
 loaded, and keeps them until it exits. Python's collector walks every tracked object at each
 full (generation 2) pass, holding the interpreter lock, so every thread of the process waits:
 in the benchmark's web processes those passes took 107-340 ms each on the busy cores and set
-the submissions' p99 (docs/reliability.md, session 8). ``gc.freeze()`` moves them to a
+the submissions' p99. ``gc.freeze()`` moves them to a
 permanent generation that no pass walks; a full pass then walks what was made since (about a
 thousand objects: 2-9 ms). Garbage made while starting is collected first, not frozen.
 """

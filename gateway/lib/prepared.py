@@ -4,7 +4,7 @@ Django binds parameters on the client (psycopg's ``ClientCursor``): every execut
 the server as new text, which PostgreSQL parses, analyses and plans again. For the hot path's
 statements — CTEs over three to five tables — that is most of what the server spends on them:
 with ``pg_stat_statements``, planning the claim took 1.2 ms and running it 0.2 ms, the
-submission 0.65 and 0.15 ms, the record 0.3 and 0.2 ms (docs/reliability.md, "What PostgreSQL
+submission 0.65 and 0.15 ms, the record 0.3 and 0.2 ms (docs/performance.md, "What PostgreSQL
 spends"). On this cursor parameters are bound on the server and psycopg prepares a statement
 at its first execution on a connection (``prepare_threshold`` 0 in the database OPTIONS, which
 touches nothing else: Django's own cursors bind on the client and never prepare); PostgreSQL

@@ -1,4 +1,4 @@
-"""Fewer indexes to maintain on every write of the hot path (issue 12, round 2).
+"""Fewer indexes to maintain on every write of the hot path.
 
 Each effect is written three times (submit, claim, record) and none of those updates is HOT
 (the status is indexed), so every index on gateway_effect takes a new entry three times per

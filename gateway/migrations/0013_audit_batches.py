@@ -1,4 +1,4 @@
-"""The audit sequencer seals a batch as one row instead of rewriting every event (issue 12).
+"""The audit sequencer seals a batch as one row instead of rewriting every event.
 
 Before, sealing an event was an UPDATE of it (position, prev_hash, hash, sealed_at): a second
 full version of every event, a new entry in each of its indexes (position was indexed, so never

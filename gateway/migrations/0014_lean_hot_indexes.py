@@ -1,10 +1,10 @@
-"""Fewer indexes to keep up on the hot writes (issue 12, round 3).
+"""Fewer indexes to keep up on the hot writes.
 
 Every index takes an entry at each insert, and at each non-HOT update, of its row: an
 effect is written three times (submit, claim, record; none HOT, the status is indexed), a
 command once, an event, an attempt and a receipt once. Dropped here, each one an index that
 no query of the code reads (checked with EXPLAIN against the API, console, reconciliation,
-sweeper and recovery queries on a ledger of a million effects, docs/reliability.md):
+sweeper and recovery queries on a ledger of a million effects, docs/performance.md):
 
 - the foreign-key indexes of references nothing looks up from the other side: an effect's
   ``approved_by`` and ``compensated_by``, a command's ``requested_by`` and ``capability``, an

@@ -1,7 +1,7 @@
-"""Indexes that keep console pages and webhook lookups flat on a large ledger (issue 12).
+"""Indexes that keep console pages and webhook lookups flat on a large ledger.
 
 Each serves a query that, without it, read a whole table (measured by
-tests/benchmarks/ledger_scale.py at 1 M and 5 M effects, docs/reliability.md):
+tests/benchmarks/ledger_scale.py at 1 M and 5 M effects, docs/performance.md):
 
 - ``command_digest``: the approvals inbox's look-alikes (same digest under another key), at
   every poll of the inbox;

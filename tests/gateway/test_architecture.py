@@ -1,4 +1,4 @@
-"""The boundaries of docs/architecture.md that the tools do not see by themselves: the hooks
+"""The boundaries of docs/internals/layers.md that the tools do not see by themselves: the hooks
 the ledger calls instead of importing the apps above it are filled once Django is set up, and
 the import contract of pyproject.toml covers every module of gateway but the project shell."""
 

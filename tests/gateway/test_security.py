@@ -472,7 +472,7 @@ def test_removing_the_last_event_is_reported(agent, sandbox, capsys):
     effect_id = agent.submit(TICKET, "t1").json()["effect_id"]
     dispatch(effect_id)
     # Sealed first: until the sequencer seals it, an event is guarded by the trigger alone
-    # (docs/architecture.md, "Audit chain: sealed after commit").
+    # (docs/concepts/audit.md, "Sealed after commit").
     audit.seal_pending()
     last = EffectEvent.objects.filter(effect_id=effect_id).order_by("-id").first()
     with connection.cursor() as cursor:

@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from gateway.settings import env_int, env_number
 
-# The settings documented with "0 turns it off" (docs/security.md, docs/operations.md and the
-# comments in gateway/settings.py), and what 0 does to each.
+# The settings documented with "0 turns it off" (docs/security.md, docs/guides/operations.md
+# and the comments in gateway/settings.py), and what 0 does to each.
 _OFF_AT_ZERO = {
     "GATEWAY_TOKEN_CACHE_TTL": "no token cache: a revocation is seen at the next request",
     "GATEWAY_REPLAY_MEMO": "no memo of known keys",

@@ -1,5 +1,5 @@
-"""Every example of docs/integrations.md, run as written against a live gateway (issue 15,
-item 7): each fenced block after an ``<!-- example: NAME -->`` marker is extracted and run
+"""Every example of docs/guides/integrations.md, run as written against a live gateway: each
+fenced block after an ``<!-- example: NAME -->`` marker is extracted and run
 with $GATEWAY_URL pointing at the test's server, and its output checked."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gateway.models import Command, Effect
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "integrations.md"
+DOC = ROOT / "docs" / "guides" / "integrations.md"
 EXAMPLE = re.compile(r"<!-- example: ([a-z0-9-]+) -->\n```(\w+)\n(.*?)\n```", re.S)
 
 

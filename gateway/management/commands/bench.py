@@ -189,8 +189,8 @@ def web_server_command(options: dict, port: int) -> list[str]:
 def python_speed(additions: int = 5_000_000) -> float:
     """CPU seconds of this thread for a loop of ``additions`` in pure Python: how fast the
     machine runs the interpreter, which the milliseconds of every CPU figure depend on
-    (docs/reliability.md, session 14: one machine ran the same code at 3.1 ms per effect and
-    the next at 7.1). Runs that read differently here were made on different machines:
+    (docs/performance.md: one machine ran the same code at 3.1 ms per effect and another
+    at 7.1). Runs that read differently here were made on different machines:
     compare their ratios to the floor, not their milliseconds."""
     started = time.thread_time()
     total = 0
@@ -201,7 +201,7 @@ def python_speed(additions: int = 5_000_000) -> float:
 
 def scheduler_grouping(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> str:
     """How the kernel shares the cores out, which moves the ratio more than most changes to
-    the product do (docs/reliability.md, session 11). With autogroups, every session weighs
+    the product do (docs/performance.md). With autogroups, every session weighs
     the same: a PostgreSQL backend (PostgreSQL gives each its own) as much as the whole web
     server or the whole Celery worker. Without, every runnable thread weighs the same."""
     try:
@@ -315,12 +315,12 @@ class Command(BaseCommand):
             "--web-server",
             default="gunicorn",
             choices=["gunicorn", "granian"],
-            help="gunicorn's gthread worker (the deployment advice, docs/operations.md) or "
-            "granian, measured against it (docs/reliability.md)",
+            help="gunicorn's gthread worker (the deployment advice, docs/guides/operations.md) or "
+            "granian, measured against it (docs/performance.md)",
         )
         parser.add_argument("--worker-concurrency", type=int, default=4)
         parser.add_argument("--worker-processes", type=int, default=1)
-        # threads: the deployment advice (docs/operations.md): no pipe to a child per task.
+        # threads: the deployment advice (docs/guides/operations.md): no pipe to a child per task.
         parser.add_argument("--worker-pool", default="threads", choices=["prefork", "threads"])
         parser.add_argument("--floor-pool", type=int, default=4)
         parser.add_argument(
@@ -955,7 +955,7 @@ class Command(BaseCommand):
             )
 
     def _verdicts(self) -> None:
-        """Issue 12's targets against this run's figures (gateway.lib.benchtargets)."""
+        """The benchmark's targets against this run's figures (gateway.lib.benchtargets)."""
         round_trips, commits = self.counted or (None, None)
         rows = benchtargets.verdicts(
             lines=self.lines,
