@@ -52,6 +52,12 @@ class InvalidTransition(GatewayError):
     title = "The effect is not in a state that allows this"
 
 
+class TokenRevoked(GatewayError):
+    status = 409
+    slug = "token-revoked"
+    title = "The token is revoked"
+
+
 class DigestMismatch(GatewayError):
     status = 409
     slug = "digest-mismatch"

@@ -421,7 +421,9 @@ GATEWAY_WEBHOOK_MAX_ATTEMPTS = env_int("GATEWAY_WEBHOOK_MAX_ATTEMPTS", 12)
 GATEWAY_WEBHOOK_SWEEP_INTERVAL = env_number("GATEWAY_WEBHOOK_SWEEP_INTERVAL", 5)
 GATEWAY_WEBHOOK_ALLOW_HTTP = env_bool("GATEWAY_WEBHOOK_ALLOW_HTTP", False)
 # Receivers on private, loopback or link-local addresses (SSRF guard): refused in production.
-GATEWAY_WEBHOOK_ALLOW_PRIVATE = env_bool("GATEWAY_WEBHOOK_ALLOW_PRIVATE", not PRODUCTION)
+# Off unless set, outside production too: a development gateway on a laptop or a CI runner
+# sits on a network worth reaching (SSRF). `make demo` sets it for its local receivers.
+GATEWAY_WEBHOOK_ALLOW_PRIVATE = env_bool("GATEWAY_WEBHOOK_ALLOW_PRIVATE", False)
 GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
 
 # How long an active saga may go without news before the sweeper advances it again.

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from gateway import audit, trust
 from gateway.choices import Role
-from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
+from gateway.errors import NotFound, NotPermitted, TokenRevoked, ValidationProblem
 from gateway.models import ApiToken, Principal
 
 TOKEN_PREFIX = "egw_"
@@ -88,7 +88,7 @@ def _may_manage(actor: Principal, token: ApiToken) -> None:
 
 
 def token_revoke(*, token: ApiToken, actor: Principal | None, reason: str = "") -> ApiToken:
-    """Revoke ``token`` now; a second revocation is an InvalidTransition."""
+    """Revoke ``token`` now; a second revocation is TokenRevoked (409)."""
     if actor is not None:
         _may_manage(actor, token)
     with transaction.atomic():
@@ -97,7 +97,10 @@ def token_revoke(*, token: ApiToken, actor: Principal | None, reason: str = "") 
             revoked_at=timezone.now()
         )
         if not changed:
-            raise InvalidTransition(f"Token {token.prefix}… is already revoked.")
+            raise TokenRevoked(
+                f"Token {token.prefix}… is already revoked: a revoked token can be neither "
+                "revoked again nor rotated; issue a new one."
+            )
         # This process forgets it at once; others within GATEWAY_TOKEN_CACHE_TTL (gateway.trust).
         trust.tokens.forget(token.token_hash)
         audit.record_control(

@@ -7,6 +7,7 @@ oracle for every exactly-once assertion.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -38,6 +39,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "worker" in item.keywords or item.nodeid.startswith(MANY_CONNECTIONS):
             item.add_marker(group)
+
+
+# The tests' webhook receivers listen on loopback, which the product refuses by default
+# (SSRF): allowed here, for this process and the workers it starts; tests of the refusal turn
+# it off again.
+os.environ.setdefault("GATEWAY_WEBHOOK_ALLOW_PRIVATE", "true")
+
+
+@pytest.fixture(autouse=True)
+def _loopback_receivers(settings):
+    settings.GATEWAY_WEBHOOK_ALLOW_PRIVATE = True
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ from gateway.choices import EffectStatus
 from gateway.contracts import get_contract
 from gateway.integrity import ShownPayload, payload_to_show
 from gateway.models import Capability, Effect, EffectEvent, Receipt
+from gateway.tokens import MAX_EXPIRES_IN
 
 # NOTE: a few fields are named like attributes of DRF's Field (``context``, ``required``,
 # ``source``); DRF's stubs type those attributes, so mypy sees a clash that DRF itself resolves
@@ -336,7 +337,15 @@ class CapabilityGrantSerializer(serializers.Serializer):
     principal = serializers.CharField(max_length=150)
     effect_types = serializers.ListField(child=serializers.CharField(max_length=100), min_length=1)
     resource_selector = serializers.CharField(max_length=200, required=False, default="*")
-    budget_count = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    budget_amount = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    # The bounds are the columns' (and a grant longer than the longest token is meaningless):
+    # beyond them the database refused the row and the request answered 500.
+    budget_count = serializers.IntegerField(
+        min_value=1, max_value=2**31 - 1, required=False, allow_null=True
+    )
+    budget_amount = serializers.IntegerField(
+        min_value=1, max_value=2**63 - 1, required=False, allow_null=True
+    )
     budget_currency = serializers.RegexField(r"^[A-Z]{3}$", required=False, default="")
-    expires_in = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    expires_in = serializers.IntegerField(
+        min_value=1, max_value=MAX_EXPIRES_IN, required=False, allow_null=True
+    )

@@ -98,7 +98,7 @@ _INTERNAL = (
 
 def internal_address(host: str) -> str | None:
     """The first internal address ``host`` resolves to, or None (also when allowed)."""
-    if getattr(settings, "GATEWAY_WEBHOOK_ALLOW_PRIVATE", True):
+    if settings.GATEWAY_WEBHOOK_ALLOW_PRIVATE:
         return None
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)

@@ -11,7 +11,7 @@ from django.utils import timezone
 from gateway import ledger
 from gateway.choices import OPERATOR_ROLES
 from gateway.errors import InvalidTransition, NotFound
-from gateway.models import Effect, Principal
+from gateway.models import Effect, EffectEvent, Principal
 from reconciliation.choices import UNRESOLVED, CaseReason, CaseState
 from reconciliation.models import Case
 from reconciliation.services.core import _FLAGGABLE, RECONCILER, S, _writing, on_mismatch
@@ -117,8 +117,15 @@ def cases_open_for_flagged(*, limit: int = 200) -> int:
         .exclude(cases__state__in=sorted(UNRESOLVED))
         .order_by("status_changed_at")[:limit]
     )
+    tampered = set(
+        EffectEvent.objects.filter(
+            effect_id__in=[effect.pk for effect in flagged], kind="payload_tampered"
+        ).values_list("effect_id", flat=True)
+    )
     for effect in flagged:
-        if effect.mismatch and effect.status == S.PREPARED:
+        # Refused at dispatch: PREPARED by the general claim, NOT_STARTED by the one-statement
+        # claim (it claims before it opens the payload). Either way nothing was sent.
+        if effect.mismatch and effect.pk in tampered:
             reason = CaseReason.MISMATCH
             text = "the stored payload is not the one approved (tampered); it was never sent"
         elif effect.mismatch:

@@ -4,7 +4,11 @@ switches the endpoint off. The receiver is a real HTTP server on loopback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -16,6 +20,8 @@ from gateway import services
 from gateway.models import Effect
 from gateway.webhooks.models import WebhookEndpoint, WebhookMessage
 from gateway.webhooks.services import webhook_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -344,3 +350,28 @@ def test_a_receiver_that_turns_internal_is_not_sent_to(
     assert endpoint.enabled is False
     assert "internal address" in endpoint.disabled_reason
     assert WebhookMessage.objects.get().state == "gone"
+
+
+def test_private_receivers_are_refused_unless_a_deployment_allows_them():
+    """The default, outside production too, is off: a development gateway's network is
+    worth reaching as well (read from a fresh process, with the variable unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_WEBHOOK_ALLOW_PRIVATE"}
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(settings.GATEWAY_WEBHOOK_ALLOW_PRIVATE)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={
+            **env,
+            "DJANGO_SETTINGS_MODULE": "gateway.settings",
+            "DATABASE_URL": "postgres://x@127.0.0.1:9/x",
+            "CELERY_BROKER_URL": "redis://127.0.0.1:9/0",
+        },
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "False"

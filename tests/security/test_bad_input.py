@@ -157,6 +157,18 @@ def test_integers_beyond_the_columns_are_400_for_grants(admin, agent):
     assert Capability.objects.filter(principal__name="refund-bot", budget_count=2**63).count() == 0
 
 
+def test_grant_numbers_past_a_column_or_a_date_are_400_not_500(admin, agent):
+    # Each fits a 64-bit integer but not its column (budget_count is a 32-bit column) or
+    # the calendar (a grant ending after the year 9999).
+    before = Capability.objects.count()
+    for field, value in (("budget_count", 2**31), ("expires_in", 10**12)):
+        body = {"principal": "refund-bot", "effect_types": ["ticket.*"], field: value}
+        response = admin.client.post("/api/v1/capabilities", body, format="json")
+        assert response.status_code == 400, (field, response.content)
+        assert field in response.json()["errors"]
+    assert Capability.objects.count() == before
+
+
 def test_the_console_and_the_admin_refuse_nul_without_a_500(db):
     client = Client()
     assert client.get("/?type=%00").status_code == 400

@@ -46,6 +46,8 @@ def assert_refused_and_never_sent(effect_id: str, sandbox) -> Effect:
     cases_open_for_flagged()
     case = Case.objects.get(effect_id=effect_id)
     assert case.reason == "mismatch"
+    # Worded as what happened: refused before sending, not a provider that disagreed.
+    assert "never sent" in case.reason_text and "provider recorded" not in case.reason_text
     # Another delivery of the message changes nothing and sends nothing.
     services.effect_dispatch(effect_id=effect_id, worker="test-2")
     assert sandbox.log() == []

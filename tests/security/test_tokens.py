@@ -76,6 +76,19 @@ def test_revoke_from_the_api_stops_the_token_at_once(agent):
     assert EffectEvent.objects.filter(kind="token_revoked", reason="leaked").count() == 1
 
 
+def test_a_revoked_token_cannot_be_rotated_or_revoked_again_and_says_so(agent, admin):
+    token_id = record(agent.token).pk
+    first = admin.client.post(f"/api/v1/tokens/{token_id}/revoke", {}, format="json")
+    assert first.status_code == 200
+    for action in ("revoke", "rotate"):
+        again = admin.client.post(f"/api/v1/tokens/{token_id}/{action}", {}, format="json")
+        assert again.status_code == 409
+        problem = again.json()
+        assert problem["type"].endswith("token-revoked"), problem
+        assert "effect" not in problem["title"].lower() and "issue a new one" in problem["detail"]
+    assert ApiToken.objects.filter(principal=agent.principal, revoked_at__isnull=True).count() == 0
+
+
 def test_rotate_from_the_api_returns_a_new_token_once_and_stops_the_old(agent):
     token_id = record(agent.token).pk
     rotated = agent.client.post(

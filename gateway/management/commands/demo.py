@@ -440,6 +440,8 @@ def child_environment(sandbox_port: int, *, verbose: bool) -> dict[str, str]:
         quiet = {}
     return {
         "LOG_FORMAT": "text",
+        # The demo's webhook receivers (the examples' LangGraph endpoint) run on loopback.
+        "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "true",
         **quiet,
         **os.environ,
         "PYTHONUNBUFFERED": "1",
