@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from io import StringIO
 from typing import Any
@@ -52,7 +53,7 @@ def run_process(module: str, arguments: dict, what: str) -> dict:
     return json.loads(done.stdout)
 
 
-def libpq_dsn(db: dict[str, Any]) -> str:
+def libpq_dsn(db: Mapping[str, Any]) -> str:
     """Django's database settings as a libpq connection string (the floor's, the oracle's)."""
     return (
         f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} "
@@ -229,7 +230,7 @@ class Bench:
         after the other; then the paced pass, if asked for."""
         options, run = self.options, self.run_id
         n = pass_size(c, options["effects"], options["quick"])
-        rows = []
+        rows: list[dict[str, Any]] = []
         for r in range(rounds):
             self._vacuum()
             floor = self._floor_pass(c, n, f"floor:{run}:{c}:{r}", client="httpx")
@@ -443,7 +444,7 @@ class Bench:
         with count_round_trips() as batch:
             drained = dispatcher.drain(flag=None)
         with app.connection_for_write() as conn:  # the messages nobody consumes any more
-            conn.default_channel.queue_purge(f"bench-{run}")
+            conn.default_channel.queue_purge(f"bench-{run}")  # type: ignore[attr-defined]
         self.counted = (
             submitted.round_trips + dispatched.round_trips,
             submitted.commits + dispatched.commits,
