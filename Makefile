@@ -100,8 +100,8 @@ fmt: install ## Format the code and apply ruff's safe fixes
 demo: install ## Run the whole product locally: web :8000, worker, beat, sandbox :8765
 	$(PY) manage.py demo $(DEMO_ARGS)
 
-bench: install ## Run the benchmark (BENCH_ARGS="--ledger 200000 --loop effect --paced 0.5", say)
-	$(PY) manage.py bench $(BENCH_ARGS)
+bench: install ## Run the benchmark, tests/benchmarks/bench (BENCH_ARGS="--ledger 200000 --loop effect --paced 0.5", say)
+	$(PY) -m tests.benchmarks.bench $(BENCH_ARGS)
 
 clean: ## Remove .venv, var/ (the demo's database, broker, sandbox log, tokens) and caches
 	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ .mypy_cache/ .import_linter_cache/ ./*.egg-info

@@ -25,14 +25,7 @@ from pathlib import Path
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--effects", type=int, default=200)
-    parser.add_argument("--kills", type=int, default=12, help="per failpoint, 3 failpoints")
-    parser.add_argument("--faults", type=int, default=10, help="per sandbox fault kind")
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--seed", type=int, default=7)
-    args = parser.parse_args()
-
+    args = _arguments()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
     import django
 
@@ -40,10 +33,7 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from gateway import services
     from gateway.celery import app as celery_app
-    from gateway.models import Principal
-    from gateway.providers.sandbox import SandboxProvider, SandboxServer
     from tests.support import crash
 
     call_command("migrate", interactive=False, verbosity=0)
@@ -51,36 +41,8 @@ def main() -> int:
     run = uuid.uuid4().hex[:8]
     queue = f"crash-{run}"
     celery_app.conf.task_default_queue = queue
-    sandbox = SandboxServer(SandboxProvider(), port=0).start()
-    settings.GATEWAY_PROVIDER_URLS = {
-        name: sandbox.base_url(name)
-        for name in ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
-    }
-    for fault in ("commit_then_drop", "fail_before_commit", "slow"):
-        params = {"seconds": 3} if fault == "slow" else {}
-        sandbox.provider.add_fault(fault, times=args.faults, **params)
-    sandbox.provider.add_fault("processing", times=args.faults, lookups=3)
-
-    call_command(
-        "issue_token",
-        tenant="crash",
-        principal=f"crash-{run}",
-        role="agent",
-        stdout=io.StringIO(),
-    )
-    agent = Principal.objects.get(tenant__slug="crash", name=f"crash-{run}")
-    effect_ids = []
-    for index in range(args.effects):
-        submission = services.command_submit(
-            principal=agent,
-            idempotency_key=f"crash:{run}:{index}",
-            type="ticket.create",
-            resource={"type": "queue", "id": "crash"},
-            payload={"title": f"crash {index}", "priority": random.choice(["P2", "P3", "P4"])},
-            expires_in=3600,
-        )
-        effect_ids.append(submission.effect.pk)
-
+    sandbox = _faulty_sandbox(args.faults)
+    effect_ids = _submit(run, args.effects)
     logs = Path(tempfile.mkdtemp(prefix="crash-check-"))
     failpoints = ",".join(
         f"dispatch.{point}={args.kills}" for point in ("after_claim", "after_call", "after_record")
@@ -114,6 +76,64 @@ def main() -> int:
         print(f"  {line}")
     bad = report.duplicates or report.lost or report.stuck
     return 1 if bad else 0
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--effects", type=int, default=200)
+    parser.add_argument("--kills", type=int, default=12, help="per failpoint, 3 failpoints")
+    parser.add_argument("--faults", type=int, default=10, help="per sandbox fault kind")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--seed", type=int, default=7)
+    return parser.parse_args()
+
+
+def _faulty_sandbox(faults: int):
+    """The sandbox provider on a free port, ``faults`` of each fault kind queued, and the
+    gateway pointed at it."""
+    from django.conf import settings
+
+    from gateway.providers.sandbox import SandboxProvider, SandboxServer
+
+    sandbox = SandboxServer(SandboxProvider(), port=0).start()
+    settings.GATEWAY_PROVIDER_URLS = {
+        name: sandbox.base_url(name)
+        for name in ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
+    }
+    for fault in ("commit_then_drop", "fail_before_commit", "slow"):
+        params = {"seconds": 3} if fault == "slow" else {}
+        sandbox.provider.add_fault(fault, times=faults, **params)
+    sandbox.provider.add_fault("processing", times=faults, lookups=3)
+    return sandbox
+
+
+def _submit(run: str, effects: int) -> list[str]:
+    """``effects`` ticket effects of a new agent of tenant ``crash``, submitted in process."""
+    from django.core.management import call_command
+
+    from gateway import services
+    from gateway.models import Principal
+
+    call_command(
+        "issue_token",
+        tenant="crash",
+        principal=f"crash-{run}",
+        role="agent",
+        stdout=io.StringIO(),
+    )
+    agent = Principal.objects.get(tenant__slug="crash", name=f"crash-{run}")
+    effect_ids = []
+    for index in range(effects):
+        submission = services.command_submit(
+            principal=agent,
+            idempotency_key=f"crash:{run}:{index}",
+            type="ticket.create",
+            resource={"type": "queue", "id": "crash"},
+            payload={"title": f"crash {index}", "priority": random.choice(["P2", "P3", "P4"])},
+            expires_in=3600,
+        )
+        effect_ids.append(submission.effect.pk)
+    return effect_ids
 
 
 if __name__ == "__main__":

@@ -354,12 +354,9 @@ def load(*, effects: int, open_queue: bool = True, say=print) -> dict[str, float
 
     from gateway import audit
     from gateway.lib import vault
-    from gateway.models import Principal, Tenant
+    from gateway.models import Tenant
 
     tenant = Tenant.objects.get(slug=TENANT)
-    agent = Principal.objects.get(tenant=tenant, name=AGENT)
-    approver = Principal.objects.get(tenant=tenant, name=APPROVER)
-    oncall = Principal.objects.get(tenant=tenant, name=ONCALL)
     audit.seal_pending()  # the grant's control event: the loaded chain follows it
     # The vault key read once, not from its development file at every seal (10× faster).
     settings.GATEWAY_VAULT_KEY = vault._raw_keys()
@@ -372,26 +369,7 @@ def load(*, effects: int, open_queue: bool = True, say=print) -> dict[str, float
         cursor.execute("SET work_mem = '64MB'")
         dropped = _drop_secondary_indexes(cursor)
         _temp_tables(cursor, types)
-        cursor.execute("SELECT coalesce(max(id), 0) FROM gateway_effectevent")
-        event_base = cursor.fetchone()[0] + EVENT_STRIDE
-        cursor.execute("SELECT coalesce(max(id), 0) FROM gateway_attempt")
-        attempt_base = cursor.fetchone()[0] + ATTEMPT_STRIDE
-        params = {
-            "tenant": tenant.pk,
-            "slug": tenant.slug,
-            "agent": agent.pk,
-            "agent_label": agent.label,
-            "approver": approver.pk,
-            "approver_label": approver.label,
-            "oncall": oncall.pk,
-            "oncall_label": oncall.label,
-            "n": effects,
-            "step": f"{STEP_SECONDS} seconds",
-            "spread": OPEN_SPREAD_SECONDS,
-            "event_base": event_base,
-            "attempt_base": attempt_base,
-            "ntypes": len(types),
-        }
+        params = _load_params(cursor, tenant, effects, len(types))
         started = time.perf_counter()
         total = effects + (OPEN_TOTAL if open_queue else 0)
         for low in range(1, total + 1, BATCH):
@@ -401,35 +379,71 @@ def load(*, effects: int, open_queue: bool = True, say=print) -> dict[str, float
             say(f"  rows of effects {low:,}–{high - 1:,} written ({spent:.0f} s)")
         timings["rows"] = time.perf_counter() - started
         cursor.execute("RESET session_replication_role")
-        started = time.perf_counter()
-        for definition in dropped:
-            cursor.execute(definition)
-        timings["indexes"] = time.perf_counter() - started
-        say(f"  {len(dropped)} indexes rebuilt ({timings['indexes']:.0f} s)")
-        for table in ("gateway_effectevent", "gateway_attempt", "gateway_receipt",
-                      "reconciliation_reconciliationrecord"):  # fmt: skip
-            cursor.execute(
-                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
-                f"(SELECT coalesce(max(id), 1) FROM {table}))"
-            )
-        # The chain head's floor above the loaded events: the sequencer seals only new ones.
-        cursor.execute(
-            """
-            UPDATE gateway_auditchainhead h
-               SET floor_txid = e.top + 1, sealed_at = now()
-              FROM (SELECT max(txid) AS top FROM gateway_effectevent WHERE tenant_id = %s) e
-             WHERE h.tenant_id = %s AND e.top IS NOT NULL
-            """,
-            [tenant.pk, tenant.pk],
-        )
-        batch_loaded_events(cursor, tenant.pk)
-        started = time.perf_counter()
-        for table in TABLES:
-            cursor.execute(f"VACUUM ANALYZE {table}")
-        timings["vacuum"] = time.perf_counter() - started
-        say(f"  VACUUM ANALYZE ({timings['vacuum']:.0f} s)")
+        _finish(cursor, tenant.pk, dropped, timings, say)
     _check_digest(types)
     return timings
+
+
+def _load_params(cursor, tenant, effects: int, ntypes: int) -> dict:
+    """The SQL parameters every batch shares: who the rows name, how many, and where the
+    generated event and attempt ids start (above any already there)."""
+    from gateway.models import Principal
+
+    agent = Principal.objects.get(tenant=tenant, name=AGENT)
+    approver = Principal.objects.get(tenant=tenant, name=APPROVER)
+    oncall = Principal.objects.get(tenant=tenant, name=ONCALL)
+    cursor.execute("SELECT coalesce(max(id), 0) FROM gateway_effectevent")
+    event_base = cursor.fetchone()[0] + EVENT_STRIDE
+    cursor.execute("SELECT coalesce(max(id), 0) FROM gateway_attempt")
+    attempt_base = cursor.fetchone()[0] + ATTEMPT_STRIDE
+    return {
+        "tenant": tenant.pk,
+        "slug": tenant.slug,
+        "agent": agent.pk,
+        "agent_label": agent.label,
+        "approver": approver.pk,
+        "approver_label": approver.label,
+        "oncall": oncall.pk,
+        "oncall_label": oncall.label,
+        "n": effects,
+        "step": f"{STEP_SECONDS} seconds",
+        "spread": OPEN_SPREAD_SECONDS,
+        "event_base": event_base,
+        "attempt_base": attempt_base,
+        "ntypes": ntypes,
+    }
+
+
+def _finish(cursor, tenant_id: int, dropped: list[str], timings: dict[str, float], say) -> None:
+    """After the rows: the indexes rebuilt, the id sequences moved past the loaded ids, the
+    chain head's floor raised above the loaded events (named in batches), VACUUM ANALYZE."""
+    started = time.perf_counter()
+    for definition in dropped:
+        cursor.execute(definition)
+    timings["indexes"] = time.perf_counter() - started
+    say(f"  {len(dropped)} indexes rebuilt ({timings['indexes']:.0f} s)")
+    for table in ("gateway_effectevent", "gateway_attempt", "gateway_receipt",
+                  "reconciliation_reconciliationrecord"):  # fmt: skip
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+            f"(SELECT coalesce(max(id), 1) FROM {table}))"
+        )
+    # The chain head's floor above the loaded events: the sequencer seals only new ones.
+    cursor.execute(
+        """
+        UPDATE gateway_auditchainhead h
+           SET floor_txid = e.top + 1, sealed_at = now()
+          FROM (SELECT max(txid) AS top FROM gateway_effectevent WHERE tenant_id = %s) e
+         WHERE h.tenant_id = %s AND e.top IS NOT NULL
+        """,
+        [tenant_id, tenant_id],
+    )
+    batch_loaded_events(cursor, tenant_id)
+    started = time.perf_counter()
+    for table in TABLES:
+        cursor.execute(f"VACUUM ANALYZE {table}")
+    timings["vacuum"] = time.perf_counter() - started
+    say(f"  VACUUM ANALYZE ({timings['vacuum']:.0f} s)")
 
 
 def count_tallies() -> int:

@@ -13,7 +13,7 @@ shared buffers): 10 k effects in 13 s, 1 M in 4 min (56 MB and 3.9 GB on disk), 
 (rows 14 min, rebuilding the indexes 6, VACUUM ANALYZE 1; 19 GB). A measuring run of 8
 rounds of the three sizes takes 15–40 minutes (the load of the machine).
 
-Then, per size, one gunicorn (1 process × 2 threads, as ``manage.py bench`` starts it) and one
+Then, per size, one gunicorn (1 process × 2 threads, as the bench starts it) and one
 probe process (Django, in process, its own connection), and rounds in which every size gets
 one block in turn (the order rotates), so that all sizes see the same machine:
 
@@ -549,7 +549,7 @@ def drop_database(base: str, name: str) -> None:
 
 
 class Web:
-    """One gunicorn per size, started the way ``manage.py bench`` starts its nodes."""
+    """One gunicorn per size, started the way the bench starts its nodes."""
 
     def __init__(self, url: str, port: int, env: dict[str, str], log: Path):
         self.base = f"http://127.0.0.1:{port}"
@@ -663,16 +663,7 @@ PAGES = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="10k,1m,5m")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--block", type=int, default=20, help="requests of each kind per block")
-    parser.add_argument("--port", type=int, default=8900, help="first port; one per size")
-    parser.add_argument("--load-only", action="store_true")
-    parser.add_argument("--drop", action="store_true", help="drop the databases at the end")
-    parser.add_argument("--drop-only", action="store_true")
-    args = parser.parse_args()
-
+    args = _arguments()
     base = os.environ.get("DATABASE_URL", "")
     if not base.startswith("postgres"):
         print("ledger_scale needs PostgreSQL: set DATABASE_URL")
@@ -684,44 +675,15 @@ def main() -> int:
             drop_database(base, size.db)
         return 0
     run = uuid.uuid4().hex[:8]
-    closed = args.port + 99
-    env = {
-        "GATEWAY_TASK_QUEUE": f"scale-{run}",
-        "LOG_LEVEL": "ERROR",
-        "GATEWAY_DB_CONN_MAX_AGE": "600",
-        "GATEWAY_PROVIDER_URLS": json.dumps(
-            {name: f"http://127.0.0.1:{closed}/{name}" for name in
-             ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")}
-        ),
-        "GATEWAY_PROVIDER_TIMEOUT": "1",
-        "GATEWAY_DISPATCH_LEASE": "60",
-    }  # fmt: skip
+    env = _probe_env(run, closed=args.port + 99)
     # Stopped with SIGTERM (a background run ignores SIGINT): clean up as on Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    context = multiprocessing.get_context("spawn")
     print(f"ledger_scale {run}: sizes {args.sizes}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     probes: list[Probe] = []
     webs: list[Web] = []
     try:
-        for size in sizes:
-            ensure_database(base, size.db, marker_of(size.effects))
-            size.probe = Probe(context, size.label, database_url(base, size.db), env)
-            probes.append(size.probe)
-            started = time.perf_counter()
-            prepared = size.probe.call("prepare", effects=size.effects)
-            spent = time.perf_counter() - started
-            tables = prepared["tables"]
-            counts = ", ".join(
-                f"{name.split('_', 1)[1]} {rows:,}" for name, (rows, _) in tables.items() if rows
-            )
-            print(
-                f"{size.label}: {size.db} "
-                + (f"loaded in {spent:.0f} s {prepared['timings']}" if prepared["loaded_now"]
-                   else "already loaded")
-                + f"; {tables['database'][1]}; rows ≈ {counts}",
-                flush=True,
-            )  # fmt: skip
+        _prepare(sizes, base, env, probes)
         if args.load_only:
             return 0
         logs = ROOT / "var" / "ledger_scale"
@@ -732,22 +694,7 @@ def main() -> int:
             )
             webs.append(size.web)
         for size in sizes:
-            size.web.wait()
-            setup = size.probe.call("setup", effects=size.effects, samples=args.block * 20)
-            tally = setup["tally"]
-            print(
-                f"{size.label}: metrics tallies brought up to the chain: {tally['events']:,} "
-                f"events in {tally['seconds']:.1f} s ({tally['passes']} passes); "
-                + (f"DIFFER from the effect table: {tally['differ']}" if tally["differ"]
-                   else "equal to a count of the effect table"),
-                flush=True,
-            )  # fmt: skip
-            size.token, size.session, size.history = (
-                setup["token"], setup["session"], setup["history"])  # fmt: skip
-            # DRF's cursor for the page after the effect half-way down the history.
-            cursor = base64.b64encode(f"p={setup['deep']}".encode()).decode()
-            size.pages = {**PAGES, "API: GET /api/v1/effects?cursor= (depth N/2)":
-                          f"/api/v1/effects?cursor={quote(cursor)}"}  # fmt: skip
+            _set_up(size, samples=args.block * 20)
         measure(sizes, args, run)
         report(sizes, args, run)
     finally:
@@ -760,6 +707,78 @@ def main() -> int:
             for size in sizes:
                 drop_database(base, size.db)
     return 0
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="10k,1m,5m")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--block", type=int, default=20, help="requests of each kind per block")
+    parser.add_argument("--port", type=int, default=8900, help="first port; one per size")
+    parser.add_argument("--load-only", action="store_true")
+    parser.add_argument("--drop", action="store_true", help="drop the databases at the end")
+    parser.add_argument("--drop-only", action="store_true")
+    return parser.parse_args()
+
+
+def _probe_env(run: str, closed: int) -> dict[str, str]:
+    """The environment of the probes and the web servers: the run's own queue, and every
+    provider on a closed port."""
+    return {
+        "GATEWAY_TASK_QUEUE": f"scale-{run}",
+        "LOG_LEVEL": "ERROR",
+        "GATEWAY_DB_CONN_MAX_AGE": "600",
+        "GATEWAY_PROVIDER_URLS": json.dumps(
+            {name: f"http://127.0.0.1:{closed}/{name}" for name in
+             ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")}
+        ),
+        "GATEWAY_PROVIDER_TIMEOUT": "1",
+        "GATEWAY_DISPATCH_LEASE": "60",
+    }  # fmt: skip
+
+
+def _prepare(sizes: list[Size], base: str, env: dict[str, str], probes: list[Probe]) -> None:
+    """Each size's database (loaded once, then reused) and its probe process."""
+    context = multiprocessing.get_context("spawn")
+    for size in sizes:
+        ensure_database(base, size.db, marker_of(size.effects))
+        size.probe = Probe(context, size.label, database_url(base, size.db), env)
+        probes.append(size.probe)
+        started = time.perf_counter()
+        prepared = size.probe.call("prepare", effects=size.effects)
+        spent = time.perf_counter() - started
+        tables = prepared["tables"]
+        counts = ", ".join(
+            f"{name.split('_', 1)[1]} {rows:,}" for name, (rows, _) in tables.items() if rows
+        )
+        print(
+            f"{size.label}: {size.db} "
+            + (f"loaded in {spent:.0f} s {prepared['timings']}" if prepared["loaded_now"]
+               else "already loaded")
+            + f"; {tables['database'][1]}; rows ≈ {counts}",
+            flush=True,
+        )  # fmt: skip
+
+
+def _set_up(size: Size, samples: int) -> None:
+    """Once its gunicorn answers: the size's token, console session, history keys and pages;
+    the /metrics tallies brought up to its chain."""
+    size.web.wait()
+    setup = size.probe.call("setup", effects=size.effects, samples=samples)
+    tally = setup["tally"]
+    print(
+        f"{size.label}: metrics tallies brought up to the chain: {tally['events']:,} "
+        f"events in {tally['seconds']:.1f} s ({tally['passes']} passes); "
+        + (f"DIFFER from the effect table: {tally['differ']}" if tally["differ"]
+           else "equal to a count of the effect table"),
+        flush=True,
+    )  # fmt: skip
+    size.token, size.session, size.history = (
+        setup["token"], setup["session"], setup["history"])  # fmt: skip
+    # DRF's cursor for the page after the effect half-way down the history.
+    cursor = base64.b64encode(f"p={setup['deep']}".encode()).decode()
+    size.pages = {**PAGES, "API: GET /api/v1/effects?cursor= (depth N/2)":
+                  f"/api/v1/effects?cursor={quote(cursor)}"}  # fmt: skip
 
 
 def measure(sizes: list[Size], args, run: str) -> None:

@@ -1,4 +1,4 @@
-"""What PostgreSQL spends per effect, statement by statement (issue 12).
+"""What PostgreSQL spends per effect, statement by statement.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:PORT/eg_cost \
         .venv/bin/python -m tests.benchmarks.pg_cost --effects 400
@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 TABLES = (
     "gateway_command",
@@ -178,6 +179,46 @@ def report(phases: list[Phase], *, as_json: bool) -> None:
 
 
 def main() -> int:
+    args = _arguments()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
+    import django
+
+    django.setup()
+    if args.no_prepare:
+        from django.db import connection as default
+
+        default.settings_dict["OPTIONS"]["prepare_threshold"] = None
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        print("pg_cost needs PostgreSQL (set DATABASE_URL)")
+        return 2
+    call_command("migrate", interactive=False, verbosity=0)
+    if args.setup_sql:
+        with connection.cursor() as cursor, open(args.setup_sql) as sql:
+            cursor.execute(sql.read())
+    cost = Cost(os.urandom(4).hex())
+    try:
+        cost.cycle(f"warm:{cost.run}", 20)
+        if args.only_whole:
+            cost.whole_effects(args.effects)
+        else:
+            cost.phases_of_an_effect(args.effects)
+            cost.idle_passes(args.idle_calls)
+    finally:
+        cost.sandbox.stop()
+    if not args.only_whole:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*), sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements"
+            )
+            print("prepared statements (count, generic plans, custom plans):", cursor.fetchone())
+    report(cost.phases, as_json=args.json)
+    return 0
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--effects", type=int, default=400)
     parser.add_argument("--idle-calls", type=int, default=200)
@@ -189,56 +230,58 @@ def main() -> int:
         action="store_true",
         help="the hot statements planned at every execution (GATEWAY_DB_PREPARE=false)",
     )
-    args = parser.parse_args()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
-    import django
+    return parser.parse_args()
 
-    django.setup()
-    from django.conf import settings
 
-    if args.no_prepare:
-        from django.db import connection as default
+class Cost:
+    """Effects through the API (Django's test client) and the fast path, against the sandbox
+    provider in this process; the broker's messages dropped (the claims are made here)."""
 
-        default.settings_dict["OPTIONS"]["prepare_threshold"] = None
-    from django.core.management import call_command
-    from django.db import connection
-    from django.test import Client
+    BODY: ClassVar[dict] = {"type": "ticket.create", "resource": {"type": "queue", "id": "cost"}}
 
-    from gateway import audit, fastpath, hooks, services
-    from gateway.integrity import verified_claimed_payload
-    from gateway.models import Effect
-    from gateway.providers.base import ExecuteRequest
-    from gateway.providers.registry import adapter_for
-    from gateway.providers.sandbox import SandboxProvider, SandboxServer
-    from tests.conftest import PROVIDER_NAMES, issue_token
+    def __init__(self, run: str) -> None:
+        from django.conf import settings
+        from django.test import Client
 
-    if connection.vendor != "postgresql":
-        print("pg_cost needs PostgreSQL (set DATABASE_URL)")
-        return 2
-    call_command("migrate", interactive=False, verbosity=0)
-    if args.setup_sql:
-        with connection.cursor() as cursor, open(args.setup_sql) as sql:
-            cursor.execute(sql.read())
-    run = os.urandom(4).hex()
-    token = issue_token("cost", f"cost-{run}", "agent")
-    sandbox = SandboxServer(SandboxProvider(), port=0).start()
-    settings.GATEWAY_PROVIDER_URLS = {name: sandbox.base_url(name) for name in PROVIDER_NAMES}
-    # The broker is not what is measured: the messages are dropped (the claims come below).
-    hooks.dispatch_sender.send = lambda value: None  # type: ignore[method-assign]
-    client = Client(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {token}")
-    body = {"type": "ticket.create", "resource": {"type": "queue", "id": "cost"}}
+        from gateway import hooks
+        from gateway.providers.sandbox import SandboxProvider, SandboxServer
+        from tests.conftest import PROVIDER_NAMES, issue_token
 
-    def submit(key: str) -> str:
-        response = client.post(
+        self.run = run
+        self.phases: list[Phase] = []
+        token = issue_token("cost", f"cost-{run}", "agent")
+        self.sandbox = SandboxServer(SandboxProvider(), port=0).start()
+        settings.GATEWAY_PROVIDER_URLS = {
+            name: self.sandbox.base_url(name) for name in PROVIDER_NAMES
+        }
+        # The broker is not what is measured: the messages are dropped (the claims come below).
+        hooks.dispatch_sender.send = lambda value: None  # type: ignore[method-assign]
+        self.client = Client(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def post(self, key: str) -> Any:
+        return self.client.post(
             "/api/v1/commands",
-            data=json.dumps({**body, "payload": {"title": key, "priority": "P4"}}),
+            data=json.dumps({**self.BODY, "payload": {"title": key, "priority": "P4"}}),
             content_type="application/json",
             HTTP_IDEMPOTENCY_KEY=key,
         )
+
+    def submit(self, key: str) -> str:
+        response = self.post(key)
         assert response.status_code == 201, response.content
         return response.json()["effect_id"]
 
-    def send_and_record(claim) -> None:
+    def send_and_record(self, claim) -> None:
+        """The provider call of a claimed effect and its record, as the drainer makes them."""
+        from django.utils import timezone
+
+        from gateway import fastpath, services
+        from gateway.contracts import get_contract
+        from gateway.integrity import verified_claimed_payload
+        from gateway.models import Effect
+        from gateway.providers.base import ExecuteRequest
+        from gateway.providers.registry import adapter_for
+
         payload, problem = verified_claimed_payload(
             effect_id=claim.effect_id,
             sealed=claim.payload_sealed,
@@ -247,8 +290,6 @@ def main() -> int:
             digest=claim.payload_digest,
         )
         assert payload is not None, problem
-        from gateway.contracts import get_contract
-
         contract = get_contract(claim.type)
         assert contract is not None
         result = adapter_for(contract).execute(
@@ -262,100 +303,94 @@ def main() -> int:
                 timeout=5,
             )
         )
-        from django.utils import timezone
-
         now = timezone.now()
         counts = Effect(attempt_count=claim.attempt_number, check_count=claim.check_count)
         fields = services.outcome_fields(counts, result, now=now)
         assert fastpath.record(claim=claim, result=result, worker="cost", fields=fields, now=now)
 
-    def cycle(prefix: str, n: int) -> None:
+    def whole(self, prefix: str, n: int) -> None:
+        """``n`` effects submitted, claimed, sent and recorded one after the other."""
+        from gateway import fastpath
+
         for index in range(n):
-            claim = fastpath.claim(effect_id=submit(f"{prefix}:{index}"), worker="cost")
-            send_and_record(claim)
+            claim = fastpath.claim(effect_id=self.submit(f"{prefix}:{index}"), worker="cost")
+            self.send_and_record(claim)
+
+    def cycle(self, prefix: str, n: int) -> None:
+        from gateway import audit
+
+        self.whole(prefix, n)
         audit.seal_pending()
 
-    cycle(f"warm:{run}", 20)
-    phases: list[Phase] = []
-    n = args.effects
-    if args.only_whole:
+    def phase(self, name: str, per: int):
+        """Measure the block as the phase ``name``, its figures per ``per`` (:func:`measured`)."""
+        from django.db import connection
+
+        return measured(connection, name, per, self.phases)
+
+    def whole_effects(self, n: int) -> None:
+        """``--only-whole``: three rounds of whole effects, each followed by its seal."""
+        from gateway import audit
+
         for round_ in range(3):
-            with measured(connection, f"whole effect #{round_ + 1}", n, phases):
-                for index in range(n):
-                    claim = fastpath.claim(
-                        effect_id=submit(f"whole{round_}:{run}:{index}"), worker="cost"
-                    )
-                    send_and_record(claim)
-            with measured(connection, f"seal of those #{round_ + 1}", n, phases):
+            with self.phase(f"whole effect #{round_ + 1}", n):
+                self.whole(f"whole{round_}:{self.run}", n)
+            with self.phase(f"seal of those #{round_ + 1}", n):
                 audit.seal_pending()
-        sandbox.stop()
-        report(phases, as_json=args.json)
-        return 0
-    with measured(connection, "submit (API)", n, phases):
-        ids = [submit(f"cost:{run}:{index}") for index in range(n)]
-    with measured(connection, "replay (API)", n, phases):
-        for index in range(n):
-            client.post(
-                "/api/v1/commands",
-                data=json.dumps(
-                    {**body, "payload": {"title": f"cost:{run}:{index}", "priority": "P4"}}
-                ),
-                content_type="application/json",
-                HTTP_IDEMPOTENCY_KEY=f"cost:{run}:{index}",
-            )
-    with measured(connection, "claim", n, phases):
-        claims = [fastpath.claim(effect_id=effect_id, worker="cost") for effect_id in ids]
-    with measured(connection, "provider call + record", n, phases):
-        for claim in claims:
-            send_and_record(claim)
-    with measured(connection, "audit seal, per effect (3 events)", n, phases):
-        audit.seal_pending()
-    # The sequencer's pass at the bench's rate: 0.5 s of 100 effects/s is 50 effects.
-    per_pass = 50
-    with measured(connection, f"audit seal in passes of {per_pass} effects", n, phases):
-        for start in range(0, n, per_pass):
-            for index in range(start, min(n, start + per_pass)):
-                claim = fastpath.claim(effect_id=submit(f"pass:{run}:{index}"), worker="cost")
-                send_and_record(claim)
+
+    def phases_of_an_effect(self, n: int) -> None:
+        """Submit, replay, claim, call + record and seal, each phase over ``n`` effects; then
+        the sequencer in passes and whole effects again."""
+        from gateway import audit, fastpath
+
+        run = self.run
+        with self.phase("submit (API)", n):
+            ids = [self.submit(f"cost:{run}:{index}") for index in range(n)]
+        with self.phase("replay (API)", n):
+            for index in range(n):
+                self.post(f"cost:{run}:{index}")
+        with self.phase("claim", n):
+            claims = [fastpath.claim(effect_id=effect_id, worker="cost") for effect_id in ids]
+        with self.phase("provider call + record", n):
+            for claim in claims:
+                self.send_and_record(claim)
+        with self.phase("audit seal, per effect (3 events)", n):
             audit.seal_pending()
-    # Whole effects again, as the bench runs them, for the per-effect total.
-    with measured(connection, "whole effect (submit+claim+record)", n, phases):
-        for index in range(n):
-            claim = fastpath.claim(effect_id=submit(f"whole:{run}:{index}"), worker="cost")
-            send_and_record(claim)
-    with measured(connection, "seal of those", n, phases):
-        audit.seal_pending()
+        # The sequencer's pass at the bench's rate: 0.5 s of 100 effects/s is 50 effects.
+        per_pass = 50
+        with self.phase(f"audit seal in passes of {per_pass} effects", n):
+            for start in range(0, n, per_pass):
+                self.cycle(f"pass:{run}:{start}", min(per_pass, n - start))
+        # Whole effects again, as the bench runs them, for the per-effect total.
+        with self.phase("whole effect (submit+claim+record)", n):
+            self.whole(f"whole:{run}", n)
+        with self.phase("seal of those", n):
+            audit.seal_pending()
 
-    from gateway.recovery import attempts_close_abandoned
-    from gateway.tasks import seal_audit, sweep_dispatch
-    from gateway.webhooks.tasks import sweep_webhooks
-    from reconciliation.services import effects_recover_expired_leases
-    from reconciliation.services.reconciler import reconcile_due
-    from sagas.tasks import sweep_sagas
+    def idle_passes(self, calls: int) -> None:
+        """Every periodic task with nothing due, ``calls`` times each (after one unmeasured)."""
+        from gateway.recovery import attempts_close_abandoned
+        from gateway.tasks import seal_audit, sweep_dispatch
+        from gateway.webhooks.tasks import sweep_webhooks
+        from reconciliation.services import effects_recover_expired_leases
+        from reconciliation.services.reconciler import reconcile_due
+        from sagas.tasks import sweep_sagas
 
-    idle = {
-        "idle: seal_audit": lambda: seal_audit(),
-        "idle: sweep_dispatch": lambda: sweep_dispatch(),
-        "idle: recover_leases": lambda: (
-            effects_recover_expired_leases() + attempts_close_abandoned()
-        ),
-        "idle: reconcile_due": lambda: reconcile_due(time_budget=0),
-        "idle: sweep_sagas": lambda: sweep_sagas(),
-        "idle: sweep_webhooks": lambda: sweep_webhooks(),
-    }
-    for name, call in idle.items():
-        call()
-        with measured(connection, name, args.idle_calls, phases):
-            for _ in range(args.idle_calls):
-                call()
-    sandbox.stop()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*), sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements"
-        )
-        print("prepared statements (count, generic plans, custom plans):", cursor.fetchone())
-    report(phases, as_json=args.json)
-    return 0
+        idle = {
+            "idle: seal_audit": lambda: seal_audit(),
+            "idle: sweep_dispatch": lambda: sweep_dispatch(),
+            "idle: recover_leases": lambda: (
+                effects_recover_expired_leases() + attempts_close_abandoned()
+            ),
+            "idle: reconcile_due": lambda: reconcile_due(time_budget=0),
+            "idle: sweep_sagas": lambda: sweep_sagas(),
+            "idle: sweep_webhooks": lambda: sweep_webhooks(),
+        }
+        for name, call in idle.items():
+            call()
+            with self.phase(name, calls):
+                for _ in range(calls):
+                    call()
 
 
 if __name__ == "__main__":

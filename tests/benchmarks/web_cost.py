@@ -1,4 +1,4 @@
-"""What the web process spends on one submission, without the web server (issue 12).
+"""What the web process spends on one submission, without the web server.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/eg_web \
     CELERY_BROKER_URL=redis://127.0.0.1:6379/13 \
@@ -11,12 +11,12 @@ which the submission reserves), and prints per submission the CPU of this proces
 time, for three rounds. ``--replay`` sends one key over and over (the replay path);
 ``--profile`` runs one round under cProfile on CPU time instead. ``--pause MS`` adds, in each
 round, a pass with a pause before every submission: on the development machine the same replay
-took twice the CPU after a 2 ms pause as back to back (docs/reliability.md, session 14), which is
-most of the difference between this figure and a web process's. Nothing consumes what it
-submits: use a scratch database (the effects stay PREPARED) and a Redis database of its own.
+took twice the CPU after a 2 ms pause as back to back, which is most of the difference between
+this figure and a web process's. Nothing consumes what it submits: use a scratch database (the
+effects stay PREPARED) and a Redis database of its own.
 
-Against the benchmark (``manage.py bench``), which measures the web processes behind gunicorn,
-the difference is the server's own work per request (docs/reliability.md, session 7).
+Against the bench (``python -m tests.benchmarks.bench``), which measures the web processes behind
+gunicorn, the difference is the server's own work per request.
 """
 
 from __future__ import annotations

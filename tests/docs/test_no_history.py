@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # Read whole: every word of these is prose a reader sees.
 PROSE = ["README.md", "docs/**/*.md"]
 # Python: only comments and docstrings (string literals are behaviour, not narrative).
-PYTHON = ["gateway", "reconciliation", "sagas", "clients/python/src", "scripts"]
+PYTHON = [
+    "gateway",
+    "reconciliation",
+    "sagas",
+    "clients/python/src",
+    "scripts",
+    "tests/benchmarks",
+]
 # Read whole: templates, the console's own JS and CSS, shell scripts and the Makefile, whose
 # text is comments, markup and help strings.
 TEXT = ["templates/**/*.html", "static/*.js", "static/*.css", "scripts/*.sh", "Makefile"]

@@ -1,6 +1,6 @@
 """What one effect costs the database, pinned so that it cannot creep back: a submission and
 its dispatch in at most 10 round trips and 3 commits; a replay in one query that writes
-nothing. Counted with CaptureQueriesContext (statements) and gateway.lib.querycount (the BEGIN
+nothing. Counted with CaptureQueriesContext (statements) and tests.support.querycount (the BEGIN
 and COMMIT round trips a transaction adds, and the commits)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from gateway import services
-from gateway.lib.querycount import count_round_trips
 from gateway.models import Attempt, Command, Effect, EffectEvent, Receipt
 from tests.conftest import TICKET
+from tests.support.querycount import count_round_trips
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

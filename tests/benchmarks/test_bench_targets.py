@@ -1,11 +1,11 @@
-"""The verdicts ``manage.py bench`` prints at its end (gateway.lib.benchtargets): a run must not
+"""The verdicts the bench prints at its end (tests.benchmarks.bench.targets): a run must not
 read "met" for a target it missed or did not measure."""
 
 from __future__ import annotations
 
 import math
 
-from gateway.lib.benchtargets import Line, table, verdicts
+from tests.benchmarks.bench.targets import Line, table, verdicts
 
 
 def _line(**overrides) -> Line:
@@ -148,7 +148,7 @@ def test_the_table_marks_a_miss_so_that_it_stands_out():
         commits=4,
     )
     printed = "\n".join(table(rows))
-    assert printed.startswith("| issue 12's target | this run | met |")
+    assert printed.startswith("| target | this run | met |\n|---|---|---|\n")
     assert "| 0.300; 0.310 of the strict floor; 0 duplicates; c submissions" in printed
     assert "(a client waits for the answer) | **no** |" in printed
     assert "| 3 and 4 | **no** |" in printed

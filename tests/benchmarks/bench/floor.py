@@ -1,20 +1,20 @@
-"""The floor of ``manage.py bench``: the least a ledger-before-call gateway can do per effect.
+"""The floor of the bench: the least a ledger-before-call gateway can do per effect.
 
 ``INSERT … ON CONFLICT DO NOTHING`` (the claim) → ``POST /operations`` to the provider →
 ``UPDATE`` (the record), on a fixed pool of autocommit psycopg connections, keep-alive HTTP,
 no ORM, no broker. Two clients for the provider call:
 
-- ``httpx``: the issue's floor, the one its targets were set against;
-- ``stdlib``: the standard library's ``http.client`` (gateway.lib.benchclient.Connection), the
-  strict floor. The product's adapter moved to the standard library (gateway.providers.http),
-  so against the httpx floor the product gets a saving the floor is denied: on the session-6
-  machine this floor's own process spent 0.9 ms CPU per effect, the httpx one's 1.6 ms, and
-  it ran 1.45× as many effects per second. ``manage.py bench`` runs both and prints both
-  ratios.
+- ``httpx``: the httpx floor, the one the targets (tests.benchmarks.bench.targets) were set
+  against;
+- ``stdlib``: the standard library's ``http.client`` (tests.benchmarks.bench.client.Connection),
+  the strict floor. The product's adapter is on the standard library (gateway.providers.http),
+  so against the httpx floor the product gets a saving the floor is denied: on one machine this
+  floor's own process spent 0.9 ms CPU per effect, the httpx one's 1.6 ms, and it ran 1.45× as
+  many effects per second. The bench runs both and prints both ratios.
 
-It runs in a process of its own (``python -m gateway.lib.benchfloor``, arguments and result as
-JSON) so that it does not share an interpreter lock with the benchmark's client and sandbox
-provider: the comparison is process against processes.
+It runs in a process of its own (``python -m tests.benchmarks.bench.floor``, arguments and
+result as JSON) so that it does not share an interpreter lock with the bench's client and
+sandbox provider: the comparison is process against processes. No Django here.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psycopg
 
-from gateway.lib.benchclient import Connection
 from gateway.lib.digest import payload_digest
+from tests.benchmarks.bench.client import Connection
+from tests.benchmarks.bench.machine import cpu_seconds
 
-TICKS = os.sysconf("SC_CLK_TCK")
 TYPE = "ticket.create"
 RESOURCE = {"type": "queue", "id": "bench"}
 DDL = """
@@ -46,15 +46,6 @@ CREATE TABLE IF NOT EXISTS bench_floor (
     updated_at timestamptz
 )
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def _post_httpx(local, url: str, body: dict, key: str) -> dict:

@@ -1,5 +1,5 @@
-"""The benchmark's stand-in for autovacuum (gateway.lib.autovacuum): it must analyze and vacuum
-a table when PostgreSQL's autovacuum would, and nothing else, or the benchmark would measure a
+"""The bench's stand-in for autovacuum (tests.benchmarks.bench.autovacuum): it must analyze and
+vacuum a table when PostgreSQL's autovacuum would, and nothing else, or the bench would measure a
 ledger that no deployment has (plans of an empty ledger, or one analyzed more than autovacuum
 ever does)."""
 
@@ -11,8 +11,8 @@ import uuid
 import psycopg
 import pytest
 
-from gateway.lib import autovacuum
-from tests.gateway.test_bench_harness import _dsn
+from tests.benchmarks.bench import autovacuum
+from tests.benchmarks.test_bench_harness import _dsn
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
 

@@ -6,8 +6,8 @@ than its statements (psycopg sends ``BEGIN`` before the first statement, Django 
 own (implicit) transaction and costs one. Django's connection health check (``SELECT 1`` at
 the first use of a connection after each request, CONN_HEALTH_CHECKS) is counted too when it
 runs; Django's test client does not run it (it keeps connections across requests), gunicorn
-does: one more round trip per HTTP request. Used by ``manage.py bench`` and by the test that
-pins the round trips of one effect.
+does: one more round trip per HTTP request. Used by the bench (tests/benchmarks/bench) and by
+the test that pins the round trips of one effect.
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
-"""The product's client in ``manage.py bench``: ``count`` submissions over HTTP from
-``concurrency`` threads, each with its own kept-alive connection.
+"""The product's client in the bench: ``count`` submissions over HTTP from ``concurrency``
+threads, each with its own kept-alive connection.
 
-It runs in a process of its own (``python -m gateway.lib.benchclient``, arguments and result
-as JSON), as the floor does (gateway.lib.benchfloor): in the benchmark's process it would share
-an interpreter lock with the sandbox provider, so the product's submissions and the provider's
-answers to its workers would wait for each other there, and the floor's would not.
+It runs in a process of its own (``python -m tests.benchmarks.bench.client``, arguments and
+result as JSON), as the floor does (tests.benchmarks.bench.floor): in the bench's process it
+would share an interpreter lock with the sandbox provider, so the product's submissions and
+the provider's answers to its workers would wait for each other there, and the floor's would
+not.
 
 It speaks HTTP/1.1 with the standard library's ``http.client``, not httpx: it stands for the
-agents, which run on machines of their own in a deployment, and on the benchmark's two cores
-every millisecond it spends is one the product does not get (the floor has no such client: its
+agents, which run on machines of their own in a deployment, and on the bench's two cores every
+millisecond it spends is one the product does not get (the floor has no such client: its
 threads are its own callers). httpx cost 1.3 ms of CPU per request here against 0.4 ms for
-this; the process's CPU per submission is returned and
-printed beside the product's. The floor calls the provider with the same client, as the
-product's adapter is on the standard library too (gateway.providers.http).
+this; the process's CPU per submission is returned and printed beside the product's. The floor
+calls the provider with the same client, as the product's adapter is on the standard library
+too (gateway.providers.http). No Django here.
 """
 
 from __future__ import annotations
@@ -183,6 +184,80 @@ def submit(conn: Connection, token: str, key: str, body: dict) -> tuple[int, byt
     )
 
 
+class _Pass:
+    """One client pass: what :func:`run` sends, and what it notes of each submission."""
+
+    def __init__(
+        self, bases: list[str], tokens: list[str], body: dict, prefix: str, count: int,
+        rate: float, loop: str, oracle: Oracle | None,
+    ) -> None:  # fmt: skip
+        self.bases, self.tokens, self.body, self.prefix = bases, tokens, body, prefix
+        self.rate, self.loop, self.oracle = rate, loop, oracle
+        self.local = threading.local()
+        # (when it was due or sent, on this process's perf_counter; how long it took; the web
+        # node it went to): one list, so that the three stay together whichever thread appends.
+        self.timed: list[tuple[float, float, int]] = []
+        self.wrong: list[int] = []
+        self.late: list[int] = []
+        self.ids: list[str | None] = [None] * count
+        self.start = time.perf_counter() + 0.05  # every thread started before the first is due
+
+    def _due(self, index: int) -> float:
+        """When submission ``index`` counts from: its due time in an open loop (waiting for
+        it, or noting it late), now in a closed one."""
+        if self.rate <= 0:
+            return time.perf_counter()
+        due = self.start + index / self.rate
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        elif wait < -0.001:
+            self.late.append(index)
+        return due
+
+    def one(self, index: int) -> None:
+        conns = getattr(self.local, "conns", None)
+        if conns is None:
+            conns = self.local.conns = {base: Connection(base) for base in self.bases}
+        started = self._due(index)
+        node = index % len(self.bases)
+        conn = conns[self.bases[node]]
+        token = self.tokens[index % len(self.tokens)]
+        status, content = submit(
+            conn,
+            token,
+            f"{self.prefix}:{index}",
+            {**self.body, "payload": {"title": f"bench {index}", "priority": "P4"}},
+        )
+        self.timed.append((started, time.perf_counter() - started, node))
+        if status != 201:
+            self.wrong.append(status)
+            return
+        answer = json.loads(content)
+        self.ids[index] = effect_id = answer["effect_id"]
+        if self.oracle is not None:
+            self.oracle.wait(effect_id)
+        if self.loop == "api":
+            wait_through_api(conn, token, effect_id, answer["status"])
+
+    def result(self, started_at: float, wall: float, cpu: float, count: int) -> dict:
+        """What the bench reads: ids, latencies, their spans on the wall clock, CPU per
+        submission; ``wall`` turns this process's perf_counter into the wall clock."""
+        return {
+            "polls": self.oracle.polls if self.oracle is not None else 0,
+            "started_at": started_at,
+            "ids": [effect_id for effect_id in self.ids if effect_id],
+            "submit": [latency for _, latency, _ in self.timed],
+            "nodes": [node for _, _, node in self.timed],  # the web node each went to, in order
+            # Each submission's span on the wall clock: what the bench sets beside what else
+            # ran on the machine at the time (the autovacuum stand-in's passes).
+            "spans": [(wall + sent, wall + sent + latency) for sent, latency, _ in self.timed],
+            "wrong": self.wrong,
+            "late": len(self.late),
+            "cpu": cpu / count,
+        }
+
+
 def run(
     bases: list[str],
     tokens: list[str],
@@ -209,70 +284,18 @@ def run(
     not from when a thread was free to send it, so that a server that falls behind shows it
     (no coordinated omission); ``late`` counts the submissions no thread was free to send on
     time."""
-    local = threading.local()
-    # (when it was due or sent, on this process's perf_counter; how long it took; the web node
-    # it went to): one list, so that the three stay together whichever thread appends.
-    timed: list[tuple[float, float, int]] = []
-    wrong: list[int] = []
-    late: list[int] = []
-    ids: list[str | None] = [None] * count
-    start = time.perf_counter() + 0.05  # every thread started before the first is due
     oracle = Oracle(dsn).start() if loop == "effect" else None
-
-    def one(index: int) -> None:
-        conns = getattr(local, "conns", None)
-        if conns is None:
-            conns = local.conns = {base: Connection(base) for base in bases}
-        if rate > 0:
-            due = start + index / rate
-            wait = due - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            elif wait < -0.001:
-                late.append(index)
-            started = due
-        else:
-            started = time.perf_counter()
-        node = index % len(bases)
-        conn = conns[bases[node]]
-        status, content = submit(
-            conn,
-            tokens[index % len(tokens)],
-            f"{prefix}:{index}",
-            {**body, "payload": {"title": f"bench {index}", "priority": "P4"}},
-        )
-        timed.append((started, time.perf_counter() - started, node))
-        if status != 201:
-            wrong.append(status)
-            return
-        answer = json.loads(content)
-        ids[index] = effect_id = answer["effect_id"]
-        if oracle is not None:
-            oracle.wait(effect_id)
-        if loop == "api":
-            wait_through_api(conn, tokens[index % len(tokens)], effect_id, answer["status"])
-
+    submissions = _Pass(bases, tokens, body, prefix, count, rate, loop, oracle)
     with ThreadPoolExecutor(concurrency) as executor:
         before = os.times()
         started_at = time.time()  # the wall clock: the ledger's timestamps are compared with it
         wall = started_at - time.perf_counter()  # perf_counter → wall clock
-        list(executor.map(one, range(count)))
+        list(executor.map(submissions.one, range(count)))
         after = os.times()
     if oracle is not None:
         oracle.stop()
-    return {
-        "polls": oracle.polls if oracle is not None else 0,
-        "started_at": started_at,
-        "ids": [effect_id for effect_id in ids if effect_id],
-        "submit": [latency for _, latency, _ in timed],
-        "nodes": [node for _, _, node in timed],  # the web node each went to, in that order
-        # Each submission's span on the wall clock: what the benchmark sets beside what else
-        # ran on the machine at the time (the autovacuum stand-in's passes).
-        "spans": [(wall + sent, wall + sent + latency) for sent, latency, _ in timed],
-        "wrong": wrong,
-        "late": len(late),
-        "cpu": ((after.user + after.system) - (before.user + before.system)) / count,
-    }
+    cpu = (after.user + after.system) - (before.user + before.system)
+    return submissions.result(started_at, wall, cpu, count)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The benchmark's own parts (gateway.lib.benchclient, gateway.lib.benchfloor): a floor that
-executed an effect twice, or a client that lost submissions, would make the figures lie."""
+"""The bench's two loads (tests.benchmarks.bench.client, tests.benchmarks.bench.floor) against
+real servers: a floor that executed an effect twice, or a client that lost submissions, would
+make the figures lie."""
 
 from __future__ import annotations
 
@@ -14,22 +15,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psycopg
 import pytest
 from django.conf import settings
-from django.core.management.base import CommandError
 
-from gateway.lib import benchclient, benchfloor
-from gateway.management.commands.bench import python_speed, slowest_during
+from tests.benchmarks.bench import client as bench_client
+from tests.benchmarks.bench import floor as bench_floor
+from tests.benchmarks.bench.run import libpq_dsn
+from tests.benchmarks.bench.stats import by_node
 
 
 def _dsn() -> str:
-    db = settings.DATABASES["default"]
-    parts = {
-        "host": db["HOST"] or "127.0.0.1",
-        "port": db["PORT"] or 5432,
-        "dbname": db["NAME"],
-        "user": db["USER"],
-        "password": db.get("PASSWORD"),
-    }
-    return " ".join(f"{name}={value}" for name, value in parts.items() if value)
+    return libpq_dsn(settings.DATABASES["default"])
 
 
 @pytest.mark.parametrize("client", ["stdlib", "httpx"])
@@ -37,7 +31,7 @@ def test_the_floor_executes_every_effect_once_and_records_it(
     client, sandbox_server, transactional_db
 ):
     prefix = f"floor-test:{uuid.uuid4().hex[:8]}"
-    result = benchfloor.run(
+    result = bench_floor.run(
         dsn=_dsn(),
         pool_size=2,
         url=sandbox_server.base_url("tickets"),
@@ -99,7 +93,7 @@ def test_the_client_sends_again_on_a_connection_the_server_closed():
     _ClosingHandler.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ClosingHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+    conn = bench_client.Connection(f"http://127.0.0.1:{server.server_port}")
     try:
         answers = [
             conn.request("POST", "/api/v1/commands", json.dumps({"n": n}).encode(), {})
@@ -136,7 +130,7 @@ def _paced(rate: float, count: int, concurrency: int, delay: float) -> tuple[dic
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        result = benchclient.run(
+        result = bench_client.run(
             bases=[f"http://127.0.0.1:{server.server_port}"],
             tokens=["t"],
             body={},
@@ -182,16 +176,6 @@ def test_the_paced_client_says_when_each_submission_was_sent_and_answered():
     assert 0.15 < spans[-1][0] - spans[0][0] < 0.5
 
 
-def test_the_slowest_submissions_are_set_beside_what_was_busy():
-    spans = [(t, t + 0.003) for t in range(100)]  # a hundred submissions of 3 ms
-    spans[10] = (10, 10.05)  # two slow ones: one during a busy interval, one not
-    spans[60] = (60, 60.04)
-    assert slowest_during(spans, busy=[(9.9, 10.01)]) == (1, 2)
-    assert slowest_during(spans, busy=[(9.9, 10.01), (60.02, 61)]) == (2, 2)
-    assert slowest_during(spans, busy=[(30, 40)]) == (0, 2)
-    assert slowest_during([], busy=[(0, 1)]) == (0, 0)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_effect_loop_waits_until_the_ledger_says_confirmed(sandbox, agent, ticket_body):
     from django.db import connection
@@ -213,7 +197,7 @@ def test_the_effect_loop_waits_until_the_ledger_says_confirmed(sandbox, agent, t
         finally:
             connection.close()
 
-    oracle = benchclient.Oracle(_dsn(), interval=0.005).start()
+    oracle = bench_client.Oracle(_dsn(), interval=0.005).start()
     try:
         threading.Thread(target=dispatch_later).start()
         assert oracle.wait(effect_id, timeout=10) is True
@@ -245,17 +229,17 @@ class _EffectHandler(BaseHTTPRequestHandler):
         pass
 
 
-UNTIL = "&until=" + benchclient.SETTLED  # what the clients send by default
+UNTIL = "&until=" + bench_client.SETTLED  # what the clients send by default
 
 
 @contextmanager
-def _scripted_effect(script: list[tuple[int, str]]) -> Iterator[benchclient.Connection]:
+def _scripted_effect(script: list[tuple[int, str]]) -> Iterator[bench_client.Connection]:
     """A connection to an ``_EffectHandler`` server answering ``script``."""
     _EffectHandler.paths = []
     _EffectHandler.script = script
     server = ThreadingHTTPServer(("127.0.0.1", 0), _EffectHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    conn = benchclient.Connection(f"http://127.0.0.1:{server.server_port}")
+    conn = bench_client.Connection(f"http://127.0.0.1:{server.server_port}")
     try:
         yield conn
     finally:
@@ -272,7 +256,7 @@ def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
         (200, "CONFIRMED"),
     ]
     with _scripted_effect(script) as conn:
-        settled = benchclient.wait_through_api(conn, "t", "eff_1")
+        settled = bench_client.wait_through_api(conn, "t", "eff_1")
     assert settled == "CONFIRMED"
     assert _EffectHandler.paths == [
         "/api/v1/effects/eff_1",
@@ -285,8 +269,8 @@ def test_the_api_loop_waits_as_an_agent_does_naming_the_status_it_saw():
 def test_the_api_loop_starts_from_the_submissions_answer_as_the_client_does():
     # GatewayClient.wait(effect) starts from the status submit answered: no first look.
     with _scripted_effect([(200, "DISPATCHING"), (200, "CONFIRMED")]) as conn:
-        settled = benchclient.wait_through_api(conn, "t", "eff_1", "PREPARED")
-        assert benchclient.wait_through_api(conn, "t", "eff_2", "CONFIRMED") == "CONFIRMED"
+        settled = bench_client.wait_through_api(conn, "t", "eff_1", "PREPARED")
+        assert bench_client.wait_through_api(conn, "t", "eff_2", "CONFIRMED") == "CONFIRMED"
     assert settled == "CONFIRMED"
     assert _EffectHandler.paths == [
         "/api/v1/effects/eff_1?wait=5&seen=PREPARED" + UNTIL,
@@ -297,15 +281,15 @@ def test_the_api_loop_starts_from_the_submissions_answer_as_the_client_does():
 def test_the_api_loop_knows_the_gateways_open_statuses():
     from gateway.choices import SETTLED, EffectStatus
 
-    assert set(EffectStatus.values) - SETTLED == benchclient.OPEN
-    assert benchclient.SETTLED.split(",") == sorted(SETTLED)
+    assert set(EffectStatus.values) - SETTLED == bench_client.OPEN
+    assert bench_client.SETTLED.split(",") == sorted(SETTLED)
 
 
 # The oracle's thread dies of the refused connection and prints it (to the client's stderr).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_an_oracle_that_cannot_read_the_ledger_fails_its_waits_at_once():
     # Its connection refused: a wait must say so, not sit out its timeout for every effect.
-    oracle = benchclient.Oracle("host=127.0.0.1 port=9 dbname=none connect_timeout=1").start()
+    oracle = bench_client.Oracle("host=127.0.0.1 port=9 dbname=none connect_timeout=1").start()
     try:
         with pytest.raises(RuntimeError, match="oracle stopped"):
             oracle.wait("eff_1", timeout=30)
@@ -313,30 +297,7 @@ def test_an_oracle_that_cannot_read_the_ledger_fails_its_waits_at_once():
         oracle.stop()
 
 
-def test_the_header_says_how_the_kernel_shares_the_cores(tmp_path):
-    from gateway.management.commands.bench import scheduler_grouping
-
-    setting = tmp_path / "sched_autogroup_enabled"
-    setting.write_text("1\n")
-    assert scheduler_grouping(str(setting)).startswith("autogroup")
-    setting.write_text("0\n")
-    assert scheduler_grouping(str(setting)).startswith("per thread")
-    assert scheduler_grouping(str(tmp_path / "absent")) == "unknown"
-
-
-def test_a_paced_rate_given_is_offered_as_it_is_and_a_fraction_follows_the_throughput():
-    from gateway.management.commands.bench import offered_rate
-
-    measured = [400.0, 520.0, 480.0]
-    assert offered_rate(0.5, 0, measured) == 240.0  # half the median
-    assert offered_rate(0.5, 260, measured) == 260  # the same load in runs to compare
-    assert offered_rate(0, 260, measured) == 260
-    assert offered_rate(0, 0, measured) == 0  # no paced pass
-
-
-def test_each_web_node_gets_its_own_latencies_and_its_own_environment():
-    from gateway.management.commands.bench import by_node, web_node_env
-
+def test_each_web_node_gets_its_own_latencies():
     class Quick(_SlowHandler):
         delay, arrivals = 0.0, []
 
@@ -347,7 +308,7 @@ def test_each_web_node_gets_its_own_latencies_and_its_own_environment():
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        result = benchclient.run(
+        result = bench_client.run(
             bases=[f"http://127.0.0.1:{server.server_port}" for server in servers],
             tokens=["t"],
             body={},
@@ -362,16 +323,3 @@ def test_each_web_node_gets_its_own_latencies_and_its_own_environment():
     split = by_node(result["submit"], result["nodes"])
     assert sorted(split) == [0, 1] and len(split[0]) == len(split[1]) == 4
     assert max(split[0]) < 0.25 <= min(split[1])  # node 1 is the slow one, every time
-
-    assert web_node_env(["1:GATEWAY_X=1", "1:GATEWAY_Y=a=b", "0:Z="], 2) == {
-        1: {"GATEWAY_X": "1", "GATEWAY_Y": "a=b"},
-        0: {"Z": ""},
-    }
-    for bad in (["2:GATEWAY_X=1"], ["x:GATEWAY_X=1"], ["1:GATEWAY_X"], ["GATEWAY_X=1"]):
-        with pytest.raises(CommandError):
-            web_node_env(bad, 2)
-
-
-def test_the_machines_python_speed_is_the_cpu_the_loop_took():
-    # No loop takes next to nothing; a million additions take milliseconds on any machine.
-    assert 0 <= python_speed(0) < 0.005 < python_speed(1_000_000)

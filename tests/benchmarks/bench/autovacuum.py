@@ -1,5 +1,5 @@
-"""A stand-in for PostgreSQL's autovacuum, for ``manage.py bench`` on a server that runs
-without it (the shared development server does: ``SHOW autovacuum`` says ``off``).
+"""A stand-in for PostgreSQL's autovacuum, for the bench on a server that runs without it
+(a shared development server may not: ``SHOW autovacuum`` says ``off``).
 
 Why the benchmark needs one: the drainer prepares its claim statement once per connection, and
 PostgreSQL plans it from the tables' statistics. A benchmark starts on an almost empty ledger,
@@ -8,8 +8,8 @@ effects; only an ``ANALYZE`` (which invalidates the cached plan) makes it read t
 Without one every claim reads every command written so far: a pass of 8,000 effects at c = 8
 ran at 174 effects/s with PostgreSQL spending 4.8 ms per effect and claims of 10–20 ms
 (``auto_explain``), against 360 effects/s and 1.4 ms with an ``ANALYZE`` every two seconds.
-A deployment runs autovacuum, which analyzes a table once a
-tenth of it has changed; this does the same, with PostgreSQL's default thresholds.
+A deployment runs autovacuum, which analyzes a table once a tenth of it has changed; this does
+the same, with PostgreSQL's default thresholds.
 
 It looks every ``naptime`` seconds (autovacuum's default is a minute per database; the
 benchmark's tables grow from nothing to thousands of rows within that, where a production
@@ -101,7 +101,7 @@ class AutovacuumStandIn:
         self.naptime = naptime
         self.runs: list[str] = []
         # (start, end) on the wall clock of each pass that did work: what a submission that
-        # took long may have waited behind (manage.py bench sets them beside its tail).
+        # took long may have waited behind (the bench sets them beside its tail).
         self.spans: list[tuple[float, float]] = []
         self._active = threading.Event()
         self._stopped = threading.Event()
