@@ -94,7 +94,8 @@ clients-schema: install ## Regenerate clients/typescript/openapi.json and its Ty
 		&& node_modules/.bin/openapi-typescript openapi.json -o src/schema.ts
 
 docs: install ## Build the docs site with mkdocs build --strict into build/site (DOCS_SITE_DIR)
-	$(MKDOCS) build --strict --quiet --site-dir "$(DOCS_SITE_DIR)"
+	@# Never --quiet: it hides the warnings that --strict counts, and the build then passes.
+	$(MKDOCS) build --strict --site-dir "$(DOCS_SITE_DIR)"
 	@echo "==> docs built: $(DOCS_SITE_DIR)/index.html"
 
 docs-serve: install ## Serve the docs site with live reload on http://127.0.0.1:8001 (DOCS_ADDR)

@@ -127,10 +127,13 @@ def _endpoints(paths: Mapping[str, Mapping[str, Schema]]) -> list[str]:
     index_rows, sections = [], []
     for group, operations in sorted(groups.items()):
         sections.append(f"## {group} {{#{slug(group)}}}\n")
+        previous = ""
         for method, path, operation in operations:
             summary = (operation.get("description") or "").strip().split("\n")[0]
             link = f"[`{method.upper()} {path}`](#{operation_anchor(method, path)})"
-            index_rows.append([link, summary])
+            # A viewset's description is every one of its operations': say it once a group.
+            index_rows.append([link, "" if summary == previous else summary])
+            previous = summary
             sections.append(_operation(method, path, operation))
     return [table(["endpoint", "what it does"], index_rows), *sections]
 

@@ -74,7 +74,10 @@ def test_the_site_builds_strictly_and_fails_on_each_broken_reference(tmp_path):
     site = tmp_path / "good" / "site"
     settings_page = (site / "reference" / "settings.html").read_text(encoding="utf-8")
     assert "GATEWAY_DISPATCH_LEASE" in settings_page
-    assert "GatewayClient" in (site / "reference" / "python-client.html").read_text()
+    client_page = (site / "reference" / "python-client.html").read_text(encoding="utf-8")
+    assert "GatewayClient" in client_page
+    # Highlighted as a Python console: the prompt is a token of its own, not a quote.
+    assert '<span class="gp">&gt;&gt;&gt; </span>' in client_page
     assert "https://fonts.googleapis.com" not in (site / "index.html").read_text()
 
     bad = _site(tmp_path / "bad")
