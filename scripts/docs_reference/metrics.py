@@ -60,6 +60,8 @@ def render() -> str:
     for metric, labels, at_scrape in sorted(families(), key=lambda found: found[0].name):
         name = metric.name + ("_total" if metric.type == "counter" else "")
         kind = f"{metric.type}, read from the ledger at each scrape" if at_scrape else metric.type
+        if metric.type == "histogram":
+            kind += " (series `_bucket`, `_sum`, `_count`)"
         row = [code(name), kind, ", ".join(map(code, labels)), metric.documentation]
         (product if metric.name.startswith("gateway_") else runtime).append(row)
     return "\n".join(

@@ -3,6 +3,8 @@ gateway/choices.py and sagas/choices.py, and the vocabularies of reconciliation.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping
 from types import ModuleType
 
@@ -31,33 +33,72 @@ def _transitions(
     choices: type[models.TextChoices], table_: Mapping[str, frozenset[str]], tone: Mapping
 ) -> str:
     order = [choice.value for choice in choices]
+    comments = value_comments(choices)
+    headers = ["from", "may move to", "console tone"] + (["meaning"] if comments else [])
     rows = []
     for status in choices:
         targets = sorted(table_[status], key=order.index)
-        rows.append(
-            [
-                code(status.value),
-                ", ".join(code(target) for target in targets) or "— (terminal)",
-                tone.get(status, ""),
-            ]
-        )
-    return table(["from", "may move to", "console tone"], rows)
+        row = [
+            code(status.value),
+            ", ".join(code(target) for target in targets) or "— (terminal)",
+            tone.get(status, ""),
+        ]
+        rows.append(row + ([comments.get(status.value, "")] if comments else []))
+    return table(headers, rows)
+
+
+def set_comments(module: ModuleType) -> dict[str, str]:
+    """The comment lines just above each top-level assignment of the module."""
+    comments: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(module).splitlines():
+        if line.startswith("#"):
+            above.append(line.lstrip("# "))
+            continue
+        assignment = re.match(r"([A-Z_]+)(?::[^=]*)? = ", line)
+        if assignment and above:
+            comments[assignment.group(1)] = " ".join(above)
+        above = []
+    return comments
 
 
 def _named_sets(module: ModuleType, choices: type[models.TextChoices]) -> str:
+    comments = set_comments(module)
     rows = [
-        [code(name), ", ".join(code(status) for status in members)]
+        [code(name), ", ".join(code(status) for status in members), comments.get(name, "")]
         for name, members in _sets(module, [choice.value for choice in choices])
     ]
-    return table(["set", "statuses"], rows)
+    return table(["set", "statuses", "meaning"], rows)
+
+
+def value_comments(choices: type[models.TextChoices]) -> dict[str, str]:
+    """Each member's comment in the class's source: the one on its line, or the lines of
+    comment just above it."""
+    comments: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(choices).splitlines()[1:]:
+        text = line.strip()
+        if text.startswith("#"):
+            above.append(text.lstrip("# "))
+            continue
+        member = re.match(r"([A-Z_]+) = .*?(?:#\s*(.*))?$", text)
+        if member and member.group(1) in choices.__members__:
+            value = choices[member.group(1)].value
+            comments[value] = " ".join([*above, member.group(2) or ""]).strip()
+        above = []
+    return comments
 
 
 def _vocabulary(module: ModuleType, choices: type[models.TextChoices]) -> str:
     doc = (choices.__doc__ or "").strip()
     values = [choice.value for choice in choices if choice.value]
-    lead = f"{doc} " if doc and not doc.startswith("An enumeration") else ""
-    text = f"### `{choices.__module__}.{choices.__name__}`\n\n{lead}Values: "
-    text += ", ".join(code(value) for value in values) + ".\n"
+    lead = f"{doc}\n\n" if doc and not doc.startswith("An enumeration") else ""
+    text = f"### `{choices.__module__}.{choices.__name__}`\n\n{lead}"
+    comments = value_comments(choices)
+    if any(comments.get(value) for value in values):
+        text += table(["value", "meaning"], ([code(v), comments.get(v, "")] for v in values))
+    else:
+        text += "Values: " + ", ".join(code(value) for value in values) + ".\n"
     for name, members in _sets(module, values):
         text += f"\n- {code(name)}: " + ", ".join(code(member) for member in members)
     return text + "\n"

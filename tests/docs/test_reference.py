@@ -202,7 +202,9 @@ def test_every_module_that_defines_a_metric_is_imported_by_the_metrics_page():
 
 def test_the_metrics_page_shows_each_metric_with_its_type_and_labels():
     page = metrics.render()
-    assert _row(page, "`gateway_dispatch_seconds`")[1:3] == ["histogram", "`type`, `outcome`"]
+    dispatch = _row(page, "`gateway_dispatch_seconds`")
+    assert dispatch[1].startswith("histogram")
+    assert dispatch[2] == "`type`, `outcome`"
     effects = _row(page, "`gateway_effects`")
     assert effects[1].startswith("gauge, read from the ledger")
     assert effects[2] == "`status`, `type`"
@@ -225,6 +227,24 @@ def test_the_api_page_has_every_operation_of_the_schema_and_no_dangling_link():
     body = page.split("### `POST /api/v1/commands`")[1].split("\n### ")[0]
     assert "[CommandSubmitRequest](#schema-commandsubmitrequest)" in body
     assert "`Idempotency-Key`" in body
+
+
+def test_a_page_written_by_hand_where_one_is_generated_stops_the_build(tmp_path):
+    from mkdocs.exceptions import PluginError
+    from mkdocs.structure.files import File, Files
+
+    from scripts.docs_reference import hook
+
+    written = File(GENERATED[0], str(tmp_path), str(tmp_path / "site"), False)
+    with pytest.raises(PluginError, match=re.escape(f"{GENERATED[0]} is generated")):
+        hook.on_files(Files([written]), config=None)  # type: ignore[arg-type]
+
+
+def test_the_statuses_page_says_what_a_value_means_where_the_code_does():
+    page = statuses.render()
+    assert "the worker lost its claim; its result was refused" in _row(page, "`stale`")[1]
+    uncertain = _row(page, "`UNCERTAIN`")[2]
+    assert uncertain.startswith("The outcome is not known to the ledger")
 
 
 def test_every_generated_page_renders():
