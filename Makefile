@@ -22,12 +22,23 @@ PYTEST_WORKERS ?= 2
 # warns about each one on every call. They are noise, so drop them from the output.
 PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 
-.PHONY: help install browser test test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema
+# The docs site (mkdocs.yml): where `make docs` builds it, and where `make docs-serve` listens.
+DOCS_SITE_DIR ?= build/site
+DOCS_ADDR ?= 127.0.0.1:8001
+# Material for MkDocs prints a banner about MkDocs 2.0 on every build; it is not about this site.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+# axe-core (npm registry, pinned in tests/console/package-lock.json) for the console's
+# accessibility checks; they skip, saying why, where npm is missing.
+AXE_INSTALL := if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
+	else echo "note: npm is missing: the console's axe-core checks skip"; fi
+
+.PHONY: help install browser test test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema docs docs-serve screenshots
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, BENCH_ARGS, PYTHON (interpreter for a new .venv)."
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, BENCH_ARGS, DOCS_SITE_DIR, DOCS_ADDR,"
+	@echo "           PYTHON (interpreter for a new .venv)."
 	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: PostgreSQL and Valkey from"
 	@echo "             wheels, started and stopped by make demo / make test themselves)."
 
@@ -65,10 +76,9 @@ test: install browser ## Lint, format, types, import boundaries, migrations curr
 	$(RUFF) format --check .
 	$(MAKE) typecheck lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
-	@# axe-core (npm registry, pinned in tests/console/package-lock.json) for the console's
-	@# accessibility checks; they skip, saying why, where npm is missing.
-	@if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
-		else echo "note: npm is missing: the console's axe-core checks skip"; fi
+	@# The docs site, built strictly into a temporary directory (nothing left in the clone).
+	@site="$$(mktemp -d)"; trap 'rm -rf "$$site"' EXIT; $(MAKE) docs DOCS_SITE_DIR="$$site"
+	@$(AXE_INSTALL)
 	$(MAKE) clients-test
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
@@ -82,6 +92,18 @@ clients-schema: install ## Regenerate clients/typescript/openapi.json and its Ty
 	$(PY) manage.py spectacular --format openapi-json --file clients/typescript/openapi.json
 	cd clients/typescript && { [ -x node_modules/.bin/tsc ] || npm ci --no-audit --no-fund; } \
 		&& node_modules/.bin/openapi-typescript openapi.json -o src/schema.ts
+
+docs: install ## Build the docs site with mkdocs build --strict into build/site (DOCS_SITE_DIR)
+	@# Never --quiet: it hides the warnings that --strict counts, and the build then passes.
+	$(MKDOCS) build --strict --site-dir "$(DOCS_SITE_DIR)"
+	@echo "==> docs built: $(DOCS_SITE_DIR)/index.html"
+
+docs-serve: install ## Serve the docs site with live reload on http://127.0.0.1:8001 (DOCS_ADDR)
+	$(MKDOCS) serve --strict --dev-addr "$(DOCS_ADDR)"
+
+screenshots: install browser ## Regenerate docs/screenshots/ with the console's browser tests
+	@$(AXE_INSTALL)
+	$(PY) scripts/screenshots.py $(PYTEST_ARGS)
 
 lint: install ## ruff check and ruff format --check
 	$(RUFF) check .

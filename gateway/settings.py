@@ -6,9 +6,6 @@ PostgreSQL and Valkey (Redis) from wheels, data under ``var/``, reached by unix 
 and CI set ``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis) to their servers.
 """
 
-import json
-import math
-import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,66 +15,53 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from gateway import embedded
+from gateway.lib.env import (
+    env_bool,
+    env_int,
+    env_json_object,
+    env_list,
+    env_number,
+    env_section,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("GATEWAY_VAR_DIR", BASE_DIR / "var"))
 
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    lowered = raw.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
-
-
-def env_number(name: str, default: float, *, zero_turns_off: bool = False) -> float:
-    """A positive number; with ``zero_turns_off``, 0 too (the setting's "off")."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number")
-    if zero_turns_off and value == 0:
-        return value
-    if value <= 0:
-        allowed = "positive, or 0 to turn it off" if zero_turns_off else "positive"
-        raise ImproperlyConfigured(f"{name}={raw!r} must be {allowed}")
-    return value
-
-
-def env_int(name: str, default: int, *, zero_turns_off: bool = False) -> int:
-    value = env_number(name, default, zero_turns_off=zero_turns_off)
-    if value != int(value):
-        raise ImproperlyConfigured(f"{name} must be a whole number")
-    return int(value)
-
-
-def env_list(name: str, default: list[str]) -> list[str]:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    return [item.strip() for item in raw.split(",") if item.strip()]
-
-
-DEBUG = env_bool("DEBUG", False)
+env_section("Django and the process")
+VAR_DIR = Path(
+    env_str(
+        "GATEWAY_VAR_DIR",
+        str(BASE_DIR / "var"),
+        shown="`var/` in the checkout",
+        doc="Where the embedded PostgreSQL and Valkey keep their data and sockets, and where "
+        "development keys, checkpoints and the demo's files go.",
+    )
+)
+DEBUG = env_bool(
+    "DEBUG", False, doc="Django's debug mode (tracebacks in error pages); never in production."
+)
+PRODUCTION = env_bool(
+    "GATEWAY_PRODUCTION",
+    False,
+    doc="Production mode: refuse development secrets (`SECRET_KEY`, `GATEWAY_VAULT_KEY`, "
+    "`GATEWAY_AUDIT_SIGNING_KEY` must be set), send HSTS and secure cookies, trust the TLS "
+    "proxy's `X-Forwarded-Proto`, refuse webhook receivers on private addresses.",
+)
 _DEV_SECRET = "dev-only-insecure-secret-key-never-use-in-production"
-SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
-if SECRET_KEY == _DEV_SECRET and not DEBUG and env_bool("GATEWAY_PRODUCTION", False):
+SECRET_KEY = env_str(
+    "SECRET_KEY",
+    _DEV_SECRET,
+    shown="a development-only key",
+    doc="Django's secret key (sessions, CSRF, signing). Required with "
+    "`GATEWAY_PRODUCTION=true` (unless `DEBUG`).",
+)
+if SECRET_KEY == _DEV_SECRET and not DEBUG and PRODUCTION:
     raise ImproperlyConfigured("SECRET_KEY must be set in production")
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+ALLOWED_HOSTS = env_list(
+    "ALLOWED_HOSTS",
+    ["127.0.0.1", "localhost", "[::1]", "testserver"],
+    doc="Host names this gateway answers to (Django's `ALLOWED_HOSTS`), comma-separated.",
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -139,14 +123,27 @@ TEMPLATES = [
 ]
 
 # --- The ledger database -------------------------------------------------------------------
+env_section("The ledger database")
 # PostgreSQL only: row locks (SKIP LOCKED), the append-only triggers and real concurrency are
 # what the ledger's guarantees rest on, so there is no second engine to keep equivalent.
 _EMBEDDED_RUN_DIR = embedded.socket_dir(VAR_DIR)
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", "") or embedded.database_url(_EMBEDDED_RUN_DIR),
+        env_str(
+            "DATABASE_URL",
+            "",
+            shown="the embedded PostgreSQL, data in `var/postgres/`",
+            doc="The ledger database: a `postgres://` URL (PostgreSQL only).",
+        )
+        or embedded.database_url(_EMBEDDED_RUN_DIR),
         # 0: a connection per request or task (Django's CONN_MAX_AGE = 0, e.g. behind a pooler).
-        conn_max_age=env_int("GATEWAY_DB_CONN_MAX_AGE", 60, zero_turns_off=True),
+        conn_max_age=env_int(
+            "GATEWAY_DB_CONN_MAX_AGE",
+            60,
+            zero_turns_off=True,
+            doc="Seconds a process keeps its database connection (Django's `CONN_MAX_AGE`); "
+            "0: a connection per request or task (behind a pooler, say).",
+        ),
         # Off by default: the check is a ``SELECT 1`` round trip at the first query of every
         # request (one in four of a submission's round trips). Without it a connection that
         # broke while idle (a PostgreSQL restart) fails the one request that uses it next;
@@ -154,7 +151,13 @@ DATABASES = {
         # request reconnects. Nothing is lost: the failed request wrote nothing, and a
         # client retrying with its Idempotency-Key gets one effect. Turn it on where idle
         # connections are cut often (a proxy or firewall with a timeout under CONN_MAX_AGE).
-        conn_health_checks=env_bool("GATEWAY_DB_HEALTH_CHECKS", False),
+        conn_health_checks=env_bool(
+            "GATEWAY_DB_HEALTH_CHECKS",
+            False,
+            doc="Check a kept connection with a `SELECT 1` before its first query of each "
+            "request; turn it on where idle connections are cut often (a proxy or firewall "
+            "with a timeout under `GATEWAY_DB_CONN_MAX_AGE`).",
+        ),
     )
 }
 # The hot statements are prepared on the server: planning them cost PostgreSQL more than
@@ -164,7 +167,13 @@ DATABASES = {
 # client and never prepare, whatever this says. Off (GATEWAY_DB_PREPARE=false, None) behind a
 # pooler that cannot keep prepared statements (PgBouncer before 1.21, or without
 # max_prepared_statements).
-GATEWAY_DB_PREPARE = env_bool("GATEWAY_DB_PREPARE", True)
+GATEWAY_DB_PREPARE = env_bool(
+    "GATEWAY_DB_PREPARE",
+    True,
+    doc="Prepare the hot statements (the submission, the drainer's claim and record, the "
+    "sequencer's) once per database connection. Off behind a pooler that cannot keep "
+    "protocol-level prepared statements (PgBouncer before 1.21).",
+)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
     0 if GATEWAY_DB_PREPARE else None
 )
@@ -176,7 +185,12 @@ DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
 # looks rows up by key or by a partial index, where the generic plan is the one PostgreSQL
 # settles on anyway. It touches only prepared statements (ours, and the foreign-key checks'
 # cached plans): Django's own cursors bind on the client. Off: GATEWAY_DB_GENERIC_PLANS=false.
-GATEWAY_DB_GENERIC_PLANS = env_bool("GATEWAY_DB_GENERIC_PLANS", True)
+GATEWAY_DB_GENERIC_PLANS = env_bool(
+    "GATEWAY_DB_GENERIC_PLANS",
+    True,
+    doc="Plan each prepared statement once per connection (PostgreSQL's "
+    "`plan_cache_mode=force_generic_plan`), not five times for its parameters first.",
+)
 if GATEWAY_DB_PREPARE and GATEWAY_DB_GENERIC_PLANS:
     _options = DATABASES["default"]["OPTIONS"]
     _options["options"] = " ".join(
@@ -210,23 +224,51 @@ LOGIN_REDIRECT_URL = "console:triage"
 LOGOUT_REDIRECT_URL = "console:login"
 
 # --- Security --------------------------------------------------------------------------------
+env_section("Security")
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-PRODUCTION = env_bool("GATEWAY_PRODUCTION", False)
 # Behind a TLS-terminating load balancer: trust its X-Forwarded-Proto, send HSTS, secure cookies.
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", PRODUCTION)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", PRODUCTION)
-SECURE_HSTS_SECONDS = (
-    env_int("SECURE_HSTS_SECONDS", 31_536_000, zero_turns_off=True) if PRODUCTION else 0
+SESSION_COOKIE_SECURE = env_bool(
+    "SESSION_COOKIE_SECURE",
+    PRODUCTION,
+    shown="= `GATEWAY_PRODUCTION`",
+    doc="Send the session cookie over HTTPS only.",
 )
+CSRF_COOKIE_SECURE = env_bool(
+    "CSRF_COOKIE_SECURE",
+    PRODUCTION,
+    shown="= `GATEWAY_PRODUCTION`",
+    doc="Send the CSRF cookie over HTTPS only.",
+)
+# Read in every mode, so that a malformed value fails in development too.
+_HSTS_SECONDS = env_int(
+    "SECURE_HSTS_SECONDS",
+    31_536_000,
+    zero_turns_off=True,
+    doc="HSTS max-age in seconds, sent only with `GATEWAY_PRODUCTION=true` (with "
+    "includeSubDomains).",
+)
+SECURE_HSTS_SECONDS = _HSTS_SECONDS if PRODUCTION else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-if env_bool("GATEWAY_BEHIND_TLS_PROXY", PRODUCTION):
+SECURE_SSL_REDIRECT = env_bool(
+    "SECURE_SSL_REDIRECT", False, doc="Redirect plain HTTP requests to HTTPS (Django's)."
+)
+if env_bool(
+    "GATEWAY_BEHIND_TLS_PROXY",
+    PRODUCTION,
+    shown="= `GATEWAY_PRODUCTION`",
+    doc="Behind a TLS-terminating proxy: trust its `X-Forwarded-Proto: https`.",
+):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+CSRF_TRUSTED_ORIGINS = env_list(
+    "CSRF_TRUSTED_ORIGINS",
+    [],
+    doc="Origins (`https://gateway.example.com`) trusted for the console's unsafe requests "
+    "(Django's `CSRF_TRUSTED_ORIGINS`), comma-separated.",
+)
 # The console loads only its own files: no inline script or style, no eval (htmx runs with
 # allowEval off), nothing framed. /api/docs/ relaxes styles for Swagger UI (gateway/urls.py).
 SECURE_CSP = {
@@ -241,10 +283,18 @@ SECURE_CSP = {
     "object-src": [CSP.NONE],
 }
 # A command body is small; anything larger is a mistake or an attack.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GATEWAY_MAX_BODY_BYTES", 64 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int(
+    "GATEWAY_MAX_BODY_BYTES", 64 * 1024, doc="The largest request body, in bytes."
+)
 
+env_section("The API and tokens")
 # --- Cache: per-token throttling counts here. Shared across web nodes when it is Redis.
-_CACHE_URL = env_str("GATEWAY_CACHE_URL", "")
+_CACHE_URL = env_str(
+    "GATEWAY_CACHE_URL",
+    "",
+    shown="per-process memory",
+    doc="A shared cache (`redis://…`) for per-token throttling across web nodes.",
+)
 CACHES = {
     "default": (
         # Falls back to per-process counts while Redis is down (gateway/lib/cache.py).
@@ -255,6 +305,11 @@ CACHES = {
 }
 
 # --- REST framework ------------------------------------------------------------------------
+_TOKEN_RATE = env_str(
+    "GATEWAY_TOKEN_RATE",
+    "6000/min",
+    doc="Requests per token (DRF throttle rate: `N/s`, `N/min`, `N/hour`, `N/day`).",
+)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "gateway.api.auth.BearerTokenAuthentication",
@@ -266,12 +321,18 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "gateway.api.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["gateway.api.auth.TokenRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"token": env_str("GATEWAY_TOKEN_RATE", "6000/min")},
+    "DEFAULT_THROTTLE_RATES": {"token": _TOKEN_RATE},
     "UNAUTHENTICATED_USER": None,
 }
 # Seconds a web process trusts a token (and its principal) it has already looked up; a
 # revocation or a freeze reaches every process within this (docs/security.md). 0: no cache.
-GATEWAY_TOKEN_CACHE_TTL = env_number("GATEWAY_TOKEN_CACHE_TTL", 5, zero_turns_off=True)
+GATEWAY_TOKEN_CACHE_TTL = env_number(
+    "GATEWAY_TOKEN_CACHE_TTL",
+    5,
+    zero_turns_off=True,
+    doc="Seconds a web process trusts a token (and its principal and grants) it has already "
+    "looked up; a revocation or a freeze reaches every process within it. 0: no cache.",
+)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Effect Gateway API",
     "DESCRIPTION": "Submit commands, follow effects, approve, reconcile and compensate.",
@@ -294,17 +355,31 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Celery ------------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or embedded.broker_url(_EMBEDDED_RUN_DIR)
+env_section("Workers and the broker")
+CELERY_BROKER_URL = env_str(
+    "CELERY_BROKER_URL",
+    "",
+    shown="the embedded Valkey, its socket under `var/run/`",
+    doc="The broker: a `redis://` URL (Redis or Valkey).",
+) or embedded.broker_url(_EMBEDDED_RUN_DIR)
 if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")):
     raise ImproperlyConfigured("CELERY_BROKER_URL must be a redis:// URL (Redis or Valkey)")
 # Redis redelivers an unacknowledged message after this long. It must exceed the longest
 # task; a redelivery is harmless anyway (the claim is compare-and-set).
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = None
-CELERY_TASK_DEFAULT_QUEUE = env_str("GATEWAY_TASK_QUEUE", "celery")
+CELERY_TASK_DEFAULT_QUEUE = env_str(
+    "GATEWAY_TASK_QUEUE", "celery", doc="The Celery queue of dispatch and the other tasks."
+)
 # Recovery (lease recovery, reconciliation, the dispatch sweeper) has a queue of its own, so it
 # never waits behind a dispatch backlog; every worker consumes it (gateway.celery).
-GATEWAY_RECOVERY_QUEUE = env_str("GATEWAY_RECOVERY_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}.recovery")
+GATEWAY_RECOVERY_QUEUE = env_str(
+    "GATEWAY_RECOVERY_QUEUE",
+    f"{CELERY_TASK_DEFAULT_QUEUE}.recovery",
+    shown="`<GATEWAY_TASK_QUEUE>.recovery`",
+    doc="The queue of lease recovery, reconciliation and the dispatch sweeper; every worker "
+    "consumes it.",
+)
 CELERY_TASK_ROUTES = {
     name: {"queue": GATEWAY_RECOVERY_QUEUE}
     for name in (
@@ -320,13 +395,22 @@ CELERY_TASK_ACKS_LATE = True
 # a new PostgreSQL backend per task (the largest share of a worker's CPU per effect once the
 # rest was cheap). Reuse it for this many tasks; gateway/celery.py still retires a connection
 # that is broken (a PostgreSQL restart) or older than CONN_MAX_AGE, around every task.
-CELERY_DB_REUSE_MAX = env_int("GATEWAY_CELERY_DB_REUSE_MAX", 1000)
+CELERY_DB_REUSE_MAX = env_int(
+    "GATEWAY_CELERY_DB_REUSE_MAX",
+    1000,
+    doc="Tasks a worker runs on one database connection before it opens a new one.",
+)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Seconds a prefork child has to report alive before the worker gives up with "Could not
 # start worker processes" (Celery's default: 4). On a saturated host that is too short; the
 # test suite, which runs real workers beside two pytest processes on two cores, gives 30.
-CELERY_WORKER_PROC_ALIVE_TIMEOUT = env_number("GATEWAY_WORKER_PROC_ALIVE_TIMEOUT", 4)
+CELERY_WORKER_PROC_ALIVE_TIMEOUT = env_number(
+    "GATEWAY_WORKER_PROC_ALIVE_TIMEOUT",
+    4,
+    doc='Seconds a prefork child has to start before the worker gives up ("Could not start '
+    "worker processes\"); raise it on a saturated host. 4 is Celery's own.",
+)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
@@ -334,38 +418,66 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # --- The gateway ---------------------------------------------------------------------------
-GATEWAY_SANDBOX_URL = env_str("GATEWAY_SANDBOX_URL", "http://127.0.0.1:8765")
+env_section("Providers")
+GATEWAY_SANDBOX_URL = env_str(
+    "GATEWAY_SANDBOX_URL",
+    "http://127.0.0.1:8765",
+    doc="The sandbox provider's base URL: every provider not named in "
+    "`GATEWAY_PROVIDER_URLS` is reached at `<this>/<provider>`.",
+)
 _PROVIDERS = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
 _default_provider_urls = {name: f"{GATEWAY_SANDBOX_URL}/{name}" for name in _PROVIDERS}
-try:
-    GATEWAY_PROVIDER_URLS: dict[str, str] = {
-        **_default_provider_urls,
-        **json.loads(os.environ.get("GATEWAY_PROVIDER_URLS", "{}")),
-    }
-except json.JSONDecodeError as exc:
-    raise ImproperlyConfigured(f"GATEWAY_PROVIDER_URLS is not a JSON object: {exc}") from None
+GATEWAY_PROVIDER_URLS: dict[str, str] = {
+    **_default_provider_urls,
+    **env_json_object(
+        "GATEWAY_PROVIDER_URLS",
+        shown="each provider on the sandbox at `GATEWAY_SANDBOX_URL`",
+        doc="JSON: provider name → base URL of a server speaking the provider protocol.",
+    ),
+}
 # HMAC secrets of POST /hooks/providers/{name}: JSON object, provider name -> secret.
-try:
-    GATEWAY_WEBHOOK_SECRETS: dict[str, str] = json.loads(
-        os.environ.get("GATEWAY_WEBHOOK_SECRETS", "{}")
-    )
-except json.JSONDecodeError as exc:
-    raise ImproperlyConfigured(f"GATEWAY_WEBHOOK_SECRETS is not a JSON object: {exc}") from None
-if not isinstance(GATEWAY_WEBHOOK_SECRETS, dict) or not all(
-    isinstance(value, str) and value for value in GATEWAY_WEBHOOK_SECRETS.values()
-):
+GATEWAY_WEBHOOK_SECRETS: dict[str, str] = env_json_object(
+    "GATEWAY_WEBHOOK_SECRETS",
+    shown="none: provider webhooks are refused",
+    doc="JSON: provider name → HMAC secret of its receipts at `POST /hooks/providers/{name}`.",
+)
+if not all(isinstance(value, str) and value for value in GATEWAY_WEBHOOK_SECRETS.values()):
     raise ImproperlyConfigured("GATEWAY_WEBHOOK_SECRETS must map provider names to secrets")
-GATEWAY_PROVIDER_TIMEOUT = env_number("GATEWAY_PROVIDER_TIMEOUT", 10)
+GATEWAY_PROVIDER_TIMEOUT = env_number(
+    "GATEWAY_PROVIDER_TIMEOUT", 10, doc="Seconds before a provider call counts as timed out."
+)
 # The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the
 # general path for every effect (same rules, more round trips).
-GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
+GATEWAY_FAST_PATH = env_bool(
+    "GATEWAY_FAST_PATH",
+    True,
+    doc="Submit, claim and record with one SQL statement each (`gateway.fastpath`); off: the "
+    "general path for every effect (the same rules, more round trips).",
+)
 # Idempotency keys a web process remembers having written or replayed (gateway.fastpath
 # KnownKeys): a resubmission of one is read with one SELECT instead of the insert statement.
-# A hint only (the database answers); 0 remembers none.
-GATEWAY_REPLAY_MEMO = env_int("GATEWAY_REPLAY_MEMO", 10_000, zero_turns_off=True)
-# Seconds a provider connection is kept alive between calls (0: a new connection per call).
-GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5, zero_turns_off=True)
-GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
+GATEWAY_REPLAY_MEMO = env_int(
+    "GATEWAY_REPLAY_MEMO",
+    10_000,
+    zero_turns_off=True,
+    doc="Idempotency keys a web process remembers having written or replayed: a resubmission "
+    "of one is read with one `SELECT`, not the insert statement (a hint; the database "
+    "answers). 0: remember none.",
+)
+GATEWAY_PROVIDER_KEEPALIVE = env_number(
+    "GATEWAY_PROVIDER_KEEPALIVE",
+    5,
+    zero_turns_off=True,
+    doc="Seconds a provider connection is kept alive between calls; 0: a new connection per call.",
+)
+
+env_section("Dispatch and recovery")
+GATEWAY_DISPATCH_LEASE = env_number(
+    "GATEWAY_DISPATCH_LEASE",
+    60,
+    doc="Seconds a DISPATCHING claim lives before lease recovery makes it UNKNOWN; must exceed "
+    "twice `GATEWAY_PROVIDER_TIMEOUT` (checked at start).",
+)
 # A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
 # let recovery declare a call that is still running UNKNOWN and the reconciler race it.
 if GATEWAY_DISPATCH_LEASE <= 2 * GATEWAY_PROVIDER_TIMEOUT:
@@ -373,78 +485,218 @@ if GATEWAY_DISPATCH_LEASE <= 2 * GATEWAY_PROVIDER_TIMEOUT:
         f"GATEWAY_DISPATCH_LEASE ({GATEWAY_DISPATCH_LEASE:g}s) must be longer than twice "
         f"GATEWAY_PROVIDER_TIMEOUT ({GATEWAY_PROVIDER_TIMEOUT:g}s)"
     )
-GATEWAY_RECONCILE_INTERVAL = env_number("GATEWAY_RECONCILE_INTERVAL", 30)
-# How often the tally pass counts the newly sealed audit events into the settled counts of the
-# /metrics gauge gateway_effects (reconciliation.tally).
-GATEWAY_TALLY_INTERVAL = env_number("GATEWAY_TALLY_INTERVAL", 15)
-# How long a PREPARED/NOT_STARTED effect may wait for its task before the sweeper enqueues
-# it again (the broker may have lost the message), and how often the sweeper looks.
-GATEWAY_REDELIVER_AFTER = env_number("GATEWAY_REDELIVER_AFTER", 30)
-# The longest the sweeper waits before re-sending an overdue effect's message (it backs off).
-GATEWAY_REDELIVER_MAX = env_number("GATEWAY_REDELIVER_MAX", 300)
-GATEWAY_SWEEP_INTERVAL = env_number("GATEWAY_SWEEP_INTERVAL", 5)
+GATEWAY_RECONCILE_INTERVAL = env_number(
+    "GATEWAY_RECONCILE_INTERVAL", 30, doc="Seconds between the reconciler's sweeps."
+)
+GATEWAY_TALLY_INTERVAL = env_number(
+    "GATEWAY_TALLY_INTERVAL",
+    15,
+    doc="Seconds between tally passes, which count newly sealed audit events into the settled "
+    "counts of the `/metrics` gauge `gateway_effects`.",
+)
+# The broker may have lost a PREPARED/NOT_STARTED effect's message: the sweeper sends it again.
+GATEWAY_REDELIVER_AFTER = env_number(
+    "GATEWAY_REDELIVER_AFTER",
+    30,
+    doc="Seconds a PREPARED or NOT_STARTED effect may wait for its task before the sweeper "
+    "enqueues it again.",
+)
+GATEWAY_REDELIVER_MAX = env_number(
+    "GATEWAY_REDELIVER_MAX",
+    300,
+    doc="The longest the sweeper waits before re-sending an overdue effect (it backs off: as "
+    "long as the effect has waited).",
+)
+GATEWAY_SWEEP_INTERVAL = env_number(
+    "GATEWAY_SWEEP_INTERVAL",
+    5,
+    doc="Seconds between the sweeps of lease recovery, dispatch and sagas.",
+)
 # Submissions signal "work is due" instead of a message per effect (gateway.dispatcher): a
 # flag in the broker's Redis, held this long at most, stops further signals while a drainer is
 # on its way. A drainer claims up to GATEWAY_DISPATCH_BATCH effects per statement and sends
 # them on GATEWAY_DISPATCH_CALLS threads per worker process.
-GATEWAY_DUE_FLAG_TTL = env_number("GATEWAY_DUE_FLAG_TTL", 1)
-GATEWAY_DISPATCH_BATCH = env_int("GATEWAY_DISPATCH_BATCH", 16)
-GATEWAY_DISPATCH_CALLS = env_int("GATEWAY_DISPATCH_CALLS", 16)
-# Threads per worker process (per child with prefork) that wait for the flag's wake-ups and
-# drain: the submissions' signal reaches them without a broker message. One is enough (its
-# window and the call threads carry the concurrency; other processes share a backlog), and
-# more would widen what a crash-looping worker strands per life: one effect per drainer (a
-# fresh worker's window is one claimed effect, gateway.dispatcher._Window).
-GATEWAY_DRAINERS = env_int("GATEWAY_DRAINERS", 1, zero_turns_off=True)
-# Re-dispatches of a NOT_STARTED effect with the same key, and the first backoff.
-GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int("GATEWAY_MAX_DISPATCH_ATTEMPTS", 5)
-GATEWAY_RETRY_BACKOFF = env_number("GATEWAY_RETRY_BACKOFF", 2)
-# First wait before an UNKNOWN / IN_PROGRESS effect is looked up; doubles per lookup.
-GATEWAY_RECONCILE_BACKOFF = env_number("GATEWAY_RECONCILE_BACKOFF", 5)
-GATEWAY_MAX_WAIT = env_number("GATEWAY_MAX_WAIT", 30)
-# Tokens and logins (gateway.tokens, gateway.lockout, gateway.metrics_access).
-GATEWAY_AGENT_TOKEN_TTL = env_int("GATEWAY_AGENT_TOKEN_TTL", 90 * 24 * 3600, zero_turns_off=True)
-GATEWAY_LOGIN_MAX_FAILURES = env_int("GATEWAY_LOGIN_MAX_FAILURES", 5)
-GATEWAY_LOGIN_LOCKOUT = env_int("GATEWAY_LOGIN_LOCKOUT", 15 * 60)
-GATEWAY_METRICS_TOKEN = env_str("GATEWAY_METRICS_TOKEN", "")
+GATEWAY_DUE_FLAG_TTL = env_number(
+    "GATEWAY_DUE_FLAG_TTL",
+    1,
+    doc='Seconds the "dispatch work is due" flag stands at most; while it stands, '
+    "submissions wake no drainer.",
+)
+GATEWAY_DISPATCH_BATCH = env_int(
+    "GATEWAY_DISPATCH_BATCH",
+    16,
+    doc="The most effects one drainer has claimed and not yet answered.",
+)
+GATEWAY_DISPATCH_CALLS = env_int(
+    "GATEWAY_DISPATCH_CALLS", 16, doc="Provider call threads per worker process."
+)
+# One drainer is enough (its window and the call threads carry the concurrency; other
+# processes share a backlog), and more would widen what a crash-looping worker strands per
+# life: one effect per drainer (a fresh worker's window is one claimed effect,
+# gateway.dispatcher._Window).
+GATEWAY_DRAINERS = env_int(
+    "GATEWAY_DRAINERS",
+    1,
+    zero_turns_off=True,
+    doc="Drainer threads per worker process (per child with prefork) that answer the "
+    "submissions' wake-ups; 0: none (only the sweeper sends).",
+)
+GATEWAY_MAX_DISPATCH_ATTEMPTS = env_int(
+    "GATEWAY_MAX_DISPATCH_ATTEMPTS",
+    5,
+    doc="Re-dispatches of a NOT_STARTED effect with the same key (contracts may set their "
+    "own budget).",
+)
+GATEWAY_RETRY_BACKOFF = env_number(
+    "GATEWAY_RETRY_BACKOFF",
+    2,
+    doc="Seconds before the first re-dispatch of a NOT_STARTED effect; doubles per attempt.",
+)
+GATEWAY_RECONCILE_BACKOFF = env_number(
+    "GATEWAY_RECONCILE_BACKOFF",
+    5,
+    doc="Seconds before an UNKNOWN or IN_PROGRESS effect is first looked up; doubles per lookup.",
+)
+GATEWAY_APPROVAL_TTL = env_number(
+    "GATEWAY_APPROVAL_TTL",
+    3600,
+    doc="Seconds an approval stays good for its one command: dispatched later, it is asked again.",
+)
+
+env_section("The API and tokens")
+GATEWAY_MAX_WAIT = env_number(
+    "GATEWAY_MAX_WAIT", 30, doc="The longest `?wait=` long poll, in seconds."
+)
+GATEWAY_AGENT_TOKEN_TTL = env_int(
+    "GATEWAY_AGENT_TOKEN_TTL",
+    90 * 24 * 3600,
+    zero_turns_off=True,
+    doc="Seconds an agent's API token lives unless issued otherwise (7776000: 90 days); "
+    "0: forever.",
+)
+GATEWAY_LOGIN_MAX_FAILURES = env_int(
+    "GATEWAY_LOGIN_MAX_FAILURES",
+    5,
+    doc="Failed console logins per username before the login is locked.",
+)
+GATEWAY_LOGIN_LOCKOUT = env_int(
+    "GATEWAY_LOGIN_LOCKOUT", 15 * 60, doc="Seconds a locked console login stays locked."
+)
+GATEWAY_METRICS_TOKEN = env_str(
+    "GATEWAY_METRICS_TOKEN",
+    "",
+    shown="none: `/metrics` answers loopback only (never in production)",
+    doc="The bearer token a scraper sends to `/metrics`.",
+)
 # Long polls (gateway.api.waits): below the web process's threads, so some stay free.
-GATEWAY_MAX_WAITS_PER_TOKEN = env_int("GATEWAY_MAX_WAITS_PER_TOKEN", 4)
-GATEWAY_MAX_WAITS_PER_PROCESS = env_int("GATEWAY_MAX_WAITS_PER_PROCESS", 4)
-# An approval is good for one command, for this long: dispatched later, it is asked again.
-GATEWAY_APPROVAL_TTL = env_number("GATEWAY_APPROVAL_TTL", 3600)
-GATEWAY_VAULT_KEY = os.environ.get("GATEWAY_VAULT_KEY", "")
+GATEWAY_MAX_WAITS_PER_TOKEN = env_int(
+    "GATEWAY_MAX_WAITS_PER_TOKEN",
+    4,
+    doc="Open `?wait=` long polls per token before the next one is answered 429.",
+)
+GATEWAY_MAX_WAITS_PER_PROCESS = env_int(
+    "GATEWAY_MAX_WAITS_PER_PROCESS",
+    4,
+    doc="Open `?wait=` long polls per web process before the next one is answered 429; keep "
+    "it below the process's threads.",
+)
+GATEWAY_VAULT_KEY = env_str(
+    "GATEWAY_VAULT_KEY",
+    "",
+    shown="generated under `var/` in development; required with `GATEWAY_PRODUCTION=true`",
+    doc="Fernet key(s) encrypting payloads at rest, comma-separated: the first encrypts, all "
+    "decrypt (rotate by putting the new key first, then `manage.py rotate_vault_key`).",
+)
 
-# Outgoing webhooks (gateway.webhooks) and agent hooks (gateway.agent_hooks).
-GATEWAY_WEBHOOK_TIMEOUT = env_number("GATEWAY_WEBHOOK_TIMEOUT", 10)
-GATEWAY_WEBHOOK_BACKOFF = env_number("GATEWAY_WEBHOOK_BACKOFF", 5)
-GATEWAY_WEBHOOK_MAX_ATTEMPTS = env_int("GATEWAY_WEBHOOK_MAX_ATTEMPTS", 12)
-GATEWAY_WEBHOOK_SWEEP_INTERVAL = env_number("GATEWAY_WEBHOOK_SWEEP_INTERVAL", 5)
-GATEWAY_WEBHOOK_ALLOW_HTTP = env_bool("GATEWAY_WEBHOOK_ALLOW_HTTP", False)
-# Receivers on private, loopback or link-local addresses (SSRF guard): refused in production.
-# Off unless set, outside production too: a development gateway on a laptop or a CI runner
-# sits on a network worth reaching (SSRF). `make demo` sets it for its local receivers.
-GATEWAY_WEBHOOK_ALLOW_PRIVATE = env_bool("GATEWAY_WEBHOOK_ALLOW_PRIVATE", False)
-GATEWAY_CONSOLE_URL = env_str("GATEWAY_CONSOLE_URL", "")
+env_section("Outgoing webhooks and agent hooks")
+GATEWAY_WEBHOOK_TIMEOUT = env_number(
+    "GATEWAY_WEBHOOK_TIMEOUT", 10, doc="Seconds before a webhook delivery counts as failed."
+)
+GATEWAY_WEBHOOK_BACKOFF = env_number(
+    "GATEWAY_WEBHOOK_BACKOFF",
+    5,
+    doc="Seconds before the first redelivery of a failed webhook message; doubles per attempt "
+    "(with jitter).",
+)
+GATEWAY_WEBHOOK_MAX_ATTEMPTS = env_int(
+    "GATEWAY_WEBHOOK_MAX_ATTEMPTS",
+    12,
+    doc="Deliveries of one webhook message before it is given up.",
+)
+GATEWAY_WEBHOOK_SWEEP_INTERVAL = env_number(
+    "GATEWAY_WEBHOOK_SWEEP_INTERVAL", 5, doc="Seconds between the webhook sender's sweeps."
+)
+GATEWAY_WEBHOOK_ALLOW_HTTP = env_bool(
+    "GATEWAY_WEBHOOK_ALLOW_HTTP",
+    False,
+    doc="Accept webhook endpoints on plain `http://` (otherwise `https://` only).",
+)
+# Receivers on private, loopback or link-local addresses (SSRF guard): off unless set, outside
+# production too: a development gateway on a laptop or a CI runner sits on a network worth
+# reaching. `make demo` sets it for its local receivers.
+GATEWAY_WEBHOOK_ALLOW_PRIVATE = env_bool(
+    "GATEWAY_WEBHOOK_ALLOW_PRIVATE",
+    False,
+    doc="Accept webhook receivers on private, loopback or link-local addresses (the SSRF "
+    "guard refuses them otherwise). `make demo` sets it for its local receivers.",
+)
+GATEWAY_CONSOLE_URL = env_str(
+    "GATEWAY_CONSOLE_URL",
+    "",
+    shown="none: links relative to the request",
+    doc="The console's public base URL, for the absolute links in webhooks (an effect's "
+    "approval page) and agent hooks.",
+)
 
-# How long an active saga may go without news before the sweeper advances it again.
-GATEWAY_SAGA_QUIET_AFTER = env_number("GATEWAY_SAGA_QUIET_AFTER", 60)
-
+env_section("Sagas and the audit chain")
+GATEWAY_SAGA_QUIET_AFTER = env_number(
+    "GATEWAY_SAGA_QUIET_AFTER",
+    60,
+    doc="Seconds an active saga may go without news before the sweeper advances it again.",
+)
 # Signed checkpoints of the audit chains (gateway.checkpoints): a key the database never
-# holds (32 bytes, base64; generated under var/ in development) and an append-only place.
-GATEWAY_AUDIT_SIGNING_KEY = env_str("GATEWAY_AUDIT_SIGNING_KEY", "")
+# holds and an append-only place.
+GATEWAY_AUDIT_SIGNING_KEY = env_str(
+    "GATEWAY_AUDIT_SIGNING_KEY",
+    "",
+    shown="generated under `var/` in development; required with `GATEWAY_PRODUCTION=true`",
+    doc="Ed25519 seed (32 bytes, base64) signing the audit checkpoints; the database never "
+    "holds it.",
+)
 if PRODUCTION and not GATEWAY_AUDIT_SIGNING_KEY:
     # Refused at start, not at the first receipt: every receipt is sealed with it.
     raise ImproperlyConfigured("GATEWAY_AUDIT_SIGNING_KEY must be set in production")
-GATEWAY_CHECKPOINT_DIR = env_str("GATEWAY_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
-GATEWAY_CHECKPOINT_INTERVAL = env_number("GATEWAY_CHECKPOINT_INTERVAL", 300)
-# The audit sequencer: how often it seals committed events into the chain, how many per
-# transaction, and into how many tenant shards the work is split (one beat entry each).
-GATEWAY_AUDIT_SEAL_INTERVAL = env_number("GATEWAY_AUDIT_SEAL_INTERVAL", 0.5)
-GATEWAY_AUDIT_SEAL_BATCH = env_int("GATEWAY_AUDIT_SEAL_BATCH", 1000)
-GATEWAY_AUDIT_SHARDS = env_int("GATEWAY_AUDIT_SHARDS", 1)
-# A queue of its own for the sequencer (workers must consume it too: -Q celery,audit), so
-# that a seal pass never waits behind a deep dispatch queue; empty: the default queue.
-GATEWAY_AUDIT_QUEUE = env_str("GATEWAY_AUDIT_QUEUE", "")
+GATEWAY_CHECKPOINT_DIR = env_str(
+    "GATEWAY_CHECKPOINT_DIR",
+    str(VAR_DIR / "checkpoints"),
+    shown="`checkpoints/` under `GATEWAY_VAR_DIR`",
+    doc="Where signed audit checkpoints are appended (outside the database).",
+)
+GATEWAY_CHECKPOINT_INTERVAL = env_number(
+    "GATEWAY_CHECKPOINT_INTERVAL", 300, doc="Seconds between signed audit checkpoints."
+)
+GATEWAY_AUDIT_SEAL_INTERVAL = env_number(
+    "GATEWAY_AUDIT_SEAL_INTERVAL",
+    0.5,
+    doc="Seconds between the audit sequencer's passes, which seal committed events into the "
+    "hash chain.",
+)
+GATEWAY_AUDIT_SEAL_BATCH = env_int(
+    "GATEWAY_AUDIT_SEAL_BATCH", 1000, doc="Events the sequencer seals per transaction."
+)
+GATEWAY_AUDIT_SHARDS = env_int(
+    "GATEWAY_AUDIT_SHARDS",
+    1,
+    doc="Tenant shards the sequencer's work is split into (one beat entry each).",
+)
+# A queue of its own, so that a seal pass never waits behind a deep dispatch queue.
+GATEWAY_AUDIT_QUEUE = env_str(
+    "GATEWAY_AUDIT_QUEUE",
+    "",
+    shown="none: the default queue",
+    doc="A queue of its own for the audit sequencer; workers must consume it too "
+    "(`-Q celery,audit`).",
+)
 
 CELERY_BEAT_SCHEDULE = {
     "recover-leases": {
@@ -496,9 +748,20 @@ CELERY_BEAT_SCHEDULE = {
 # LOG_FORMAT=text is for people (the demo): time, level, message and the record's fields.
 # LOG_TRANSITIONS_LEVEL keeps the one line per effect / saga state change when LOG_LEVEL
 # quiets everything else (the demo runs with WARNING + INFO).
-_LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
-_TRANSITIONS_LEVEL = env_str("LOG_TRANSITIONS_LEVEL", _LOG_LEVEL)
-_LOG_FORMAT = env_str("LOG_FORMAT", "json")
+env_section("Logging")
+_LOG_LEVEL = env_str("LOG_LEVEL", "INFO", doc="The log level (`DEBUG`, `INFO`, `WARNING`, …).")
+_TRANSITIONS_LEVEL = env_str(
+    "LOG_TRANSITIONS_LEVEL",
+    _LOG_LEVEL,
+    shown="= `LOG_LEVEL`",
+    doc="The level of the one line per effect or saga state change (the demo: `INFO` while "
+    "`LOG_LEVEL` is `WARNING`).",
+)
+_LOG_FORMAT = env_str(
+    "LOG_FORMAT",
+    "json",
+    doc="`json`: one JSON object a line, carrying ids, never payloads; `text`: for people.",
+)
 if _LOG_FORMAT not in {"json", "text"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={_LOG_FORMAT!r}: use json or text")
 LOGGING = {

@@ -1,0 +1,1 @@
+"""Tooling run from the checkout (never imported by the product)."""
