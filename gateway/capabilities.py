@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gateway import audit, trust
+from gateway import audit, moves, trust
 from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
@@ -237,7 +237,9 @@ def capability_revoke(*, capability: Capability, principal: Principal, reason: s
             reason=reason,
         )
     capability.refresh_from_db()
-    trust.forget_principal(capability.principal_id)  # this process now; others within the TTL
+    # This process now; the others when the message reaches them (the TTL at worst).
+    trust.forget_principal(capability.principal_id)
+    moves.distrust_everywhere(principal_id=capability.principal_id)
     return capability
 
 
@@ -291,5 +293,7 @@ def principal_set_frozen(
                 reason=reason,
             )
     target.frozen = frozen
-    trust.forget_principal(target.pk)  # this process at once; others within the TTL
+    # This process at once; the others when the message reaches them (the TTL at worst).
+    trust.forget_principal(target.pk)
+    moves.distrust_everywhere(principal_id=target.pk)
     return target

@@ -49,6 +49,44 @@ def channel() -> str:
     return f"gateway:moved:{settings.DATABASES['default']['NAME']}"
 
 
+def trust_channel() -> str:
+    """The channel of revocations and freezes: each message names what every process must
+    stop trusting from its short cache (gateway.trust) now rather than at the end of its TTL."""
+    return f"gateway:trust:{settings.DATABASES['default']['NAME']}"
+
+
+def distrust_everywhere(*, token_hash: str = "", principal_id: int | None = None) -> None:
+    """After commit, tell every listening process to forget a revoked token or a principal
+    whose standing changed (frozen, grants changed). Never raises: a process that misses the
+    message forgets at the end of ``GATEWAY_TOKEN_CACHE_TTL``."""
+    message = f"token:{token_hash}" if token_hash else f"principal:{principal_id}"
+
+    def send() -> None:
+        try:
+            broker.run(broker.pack("PUBLISH", trust_channel(), message))
+        except redis.RedisError as exc:
+            logger.warning(
+                "cannot publish a revocation: other processes forget it within the token "
+                "cache's TTL",
+                extra={"error": str(exc)},
+            )
+
+    transaction.on_commit(send)
+
+
+def _distrust(payload: bytes | str) -> None:
+    """A message of ``trust_channel()``: forget what it names in this process."""
+    from gateway import trust
+
+    if isinstance(payload, bytes):
+        payload = payload.decode()
+    kind, _, key = payload.partition(":")
+    if kind == "token":
+        trust.tokens.forget(key)
+    elif kind == "principal" and key.isdigit():
+        trust.forget_principal(int(key))
+
+
 # --- publishing -------------------------------------------------------------------------------
 
 
@@ -202,12 +240,18 @@ class Listener:
         client = redis.Redis.from_url(broker.url(), socket_timeout=60, socket_connect_timeout=2)
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(channel())
+            moved, distrusted = channel(), trust_channel()
+            pubsub.subscribe(moved, distrusted)
             while True:
                 message = pubsub.get_message(timeout=30)
                 if pubsub.subscribed:
                     self._subscribed.set()
-                if message is not None and message["type"] == "message":
+                if message is None or message["type"] != "message":
+                    continue
+                name = message["channel"]
+                if (name.decode() if isinstance(name, bytes) else name) == distrusted:
+                    _distrust(message["data"])
+                else:
                     self.wake(message["data"])
         finally:
             pubsub.close()

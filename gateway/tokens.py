@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gateway import audit, trust
+from gateway import audit, moves, trust
 from gateway.choices import Role
 from gateway.errors import NotFound, NotPermitted, TokenRevoked, ValidationProblem
 from gateway.models import ApiToken, Principal
@@ -101,8 +101,10 @@ def token_revoke(*, token: ApiToken, actor: Principal | None, reason: str = "") 
                 f"Token {token.prefix}… is already revoked: a revoked token can be neither "
                 "revoked again nor rotated; issue a new one."
             )
-        # This process forgets it at once; others within GATEWAY_TOKEN_CACHE_TTL (gateway.trust).
+        # This process forgets it at once; the others when the revocation's message reaches
+        # them after commit, or within GATEWAY_TOKEN_CACHE_TTL at worst (gateway.trust).
         trust.tokens.forget(token.token_hash)
+        moves.distrust_everywhere(token_hash=token.token_hash)
         audit.record_control(
             tenant_id=token.principal.tenant_id,
             kind="token_revoked",

@@ -2,8 +2,9 @@
 
 Two per-process caches with one time-to-live, ``GATEWAY_TOKEN_CACHE_TTL`` (5 s; 0 turns both
 off): API tokens by their SHA-256 (with the principal and tenant), and an agent's live grants.
-A revocation or a freeze made elsewhere reaches a process within the TTL (docs/security.md);
-one made through this process is forgotten here at once. Dispatch re-reads the principal and
+A revocation or a freeze is published (gateway.moves.distrust_everywhere) and forgotten by
+every process that listens at once; one that misses the message (Redis down, the listener
+reconnecting) forgets it within the TTL (docs/security.md). Dispatch re-reads the principal and
 the grant at every claim, so nothing submitted in that window is sent by a frozen principal or
 under a revoked grant.
 """
@@ -43,6 +44,11 @@ class ShortTrust:
         ttl = self.ttl()
         if ttl <= 0:
             return
+        # What this process trusts, it must hear revocations of: the listener (one thread
+        # per process, gateway.moves) forgets them when they are published.
+        from gateway import moves
+
+        moves.listener.start()
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()
