@@ -804,6 +804,7 @@ export interface components {
             /** @default * */
             resource_selector: string;
             budget_count?: number | null;
+            /** Format: int64 */
             budget_amount?: number | null;
             /** @default  */
             budget_currency: string;
