@@ -515,3 +515,28 @@ def test_a_type_it_does_not_serve_is_refused_without_sending(server, oracle):
     result = _adapter(server.url).execute(request)
     assert result.outcome == Outcome.REJECTED and "does not serve" in result.reason
     assert _charges(oracle, request.idempotency_key) == []
+
+
+def test_charge_customer_charges_the_stripe_customers_card(server, oracle):
+    customer = oracle.v1.customers.create(params={"source": "tok_visa"})
+    adapter = StripeAdapter(
+        api_base=server.url, api_key=API_KEY, contract=CHARGE, charge_customer=True
+    )
+    request = _charge(customer_id=customer.id)
+    result = adapter.execute(request)
+
+    assert result.outcome == Outcome.CONFIRMED, result
+    [charge] = _charges(oracle, request.idempotency_key)
+    assert charge.source.id == customer.default_source
+    assert charge.metadata.to_dict()["customer_id"] == customer.id
+
+
+def test_charge_customer_that_stripe_does_not_have_is_rejected(server, oracle):
+    adapter = StripeAdapter(
+        api_base=server.url, api_key=API_KEY, contract=CHARGE, charge_customer=True
+    )
+    request = _charge(customer_id="cus_missing")
+    result = adapter.execute(request)
+
+    assert result.outcome == Outcome.REJECTED and "No such customer" in result.reason, result
+    assert _charges(oracle, request.idempotency_key) == []
