@@ -43,6 +43,7 @@ digest that names them, so the reconciler opens a mismatch case instead of picki
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
@@ -293,15 +294,26 @@ class StripeAdapter:
         )
         retention = contract.recovery.key_retention if contract else timedelta(days=1)
         self.lookup_window = retention + _CLOCK_SKEW
-        self.session = _Session(ca_bundle)
-        self.client = stripe.StripeClient(
-            api_key,
-            base_addresses={"api": self.api_base},
-            max_network_retries=0,
-            http_client=stripe.RequestsClient(
-                timeout=(min(timeout, _CONNECT_TIMEOUT), timeout), session=self.session
-            ),
-        )
+        self._api_key, self._ca_bundle = api_key, ca_bundle
+        self._pid = 0
+        self._client: stripe.StripeClient | None = None
+
+    @property
+    def client(self) -> stripe.StripeClient:
+        """This process's client. One made before a fork is not reused after it: its pooled
+        connections belong to the parent."""
+        if self._client is None or self._pid != os.getpid():
+            session = _Session(self._ca_bundle)
+            self._client = stripe.StripeClient(
+                self._api_key,
+                base_addresses={"api": self.api_base},
+                max_network_retries=0,
+                http_client=stripe.RequestsClient(
+                    timeout=(min(self.timeout, _CONNECT_TIMEOUT), self.timeout), session=session
+                ),
+            )
+            self._pid = os.getpid()
+        return self._client
 
     # --- writes -------------------------------------------------------------------------------
 

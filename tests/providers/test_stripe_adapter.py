@@ -430,8 +430,8 @@ def test_a_scan_that_cannot_see_the_whole_window_proves_nothing(server, oracle, 
 @pytest.mark.parametrize("fault", ["drop_after", "500_after", "slow"])
 def test_lost_answer_after_commit_is_unknown_then_found_once(server, oracle, proxy, fault):
     proxy.fault, proxy.delay = fault, 2.0
-    request = dataclasses.replace(_charge(), timeout=1.0)
-    adapter = _adapter(proxy.url, timeout=1.0)
+    request = dataclasses.replace(_charge(), timeout=1.0)  # the call's own, under the adapter's 5
+    adapter = _adapter(proxy.url)
     result = adapter.execute(request)
 
     assert result.outcome == Outcome.UNKNOWN and not result.mismatch, result
