@@ -169,9 +169,8 @@ def oracle(server: StripeMock) -> stripe.StripeClient:
 
 def _adapter(url: str, contract=CHARGE, **kwargs: Any) -> StripeAdapter:
     kwargs.setdefault("timeout", 5.0)
-    return StripeAdapter(
-        api_base=url, api_key=API_KEY, contract=contract, default_source="tok_visa", **kwargs
-    )
+    kwargs.setdefault("default_source", "tok_visa")
+    return StripeAdapter(api_base=url, api_key=API_KEY, contract=contract, **kwargs)
 
 
 def _charge(key: str | None = None, **payload: Any) -> ExecuteRequest:
@@ -540,3 +539,111 @@ def test_charge_customer_that_stripe_does_not_have_is_rejected(server, oracle):
 
     assert result.outcome == Outcome.REJECTED and "No such customer" in result.reason, result
     assert _charges(oracle, request.idempotency_key) == []
+
+
+# --- through the gateway: dispatch, receipt, reconciliation ------------------------------------
+
+
+@pytest.fixture
+def route_billing_to(monkeypatch):
+    """Serve the billing contracts with a StripeAdapter at ``url`` (what the provider
+    configuration does in a deployment), in the dispatcher and the reconciler."""
+    from gateway import services
+    from reconciliation.services import reconciler
+
+    def route(url: str, **kwargs: Any) -> None:
+        def adapter_for(contract):
+            return _adapter(url, contract=contract, **kwargs)
+
+        monkeypatch.setattr(services, "adapter_for", adapter_for)
+        monkeypatch.setattr(reconciler, "adapter_for", adapter_for)
+
+    return route
+
+
+def _submit_and_dispatch(persona, body: dict, key: str):
+    from gateway import services
+    from gateway.models import Effect
+
+    response = persona.submit(body, key)
+    assert response.status_code == 201, response.json()
+    effect_id = response.json()["effect_id"]
+    services.effect_dispatch(effect_id=effect_id, worker="test")
+    return Effect.objects.select_related("command").get(pk=effect_id)
+
+
+_CHARGE_BODY = {
+    "type": CHARGE.type,
+    "resource": {"type": "order", "id": "ord_881", "version": 17},
+    "payload": {"amount": 4999, "currency": "EUR", "customer_id": "cus_42"},
+    "intent": {"summary": "charge the order"},
+}
+
+
+@pytest.mark.django_db
+def test_gateway_charge_then_refund_are_confirmed_with_stripes_ids(
+    server, oracle, agent, route_billing_to
+):
+    from gateway.models import Receipt
+
+    route_billing_to(server.url)
+    charge_effect = _submit_and_dispatch(agent, _CHARGE_BODY, f"c-{uuid.uuid4()}")
+
+    assert charge_effect.status == "CONFIRMED"
+    [charge] = _charges(oracle, charge_effect.command.provider_key)
+    receipt = Receipt.objects.get(effect=charge_effect)
+    assert receipt.provider_operation_id == charge.id == charge_effect.provider_operation_id
+    assert receipt.digest_matches is True
+    assert charge.metadata.to_dict()["effect_id"] == str(charge_effect.pk)
+
+    refund_body = {
+        **_CHARGE_BODY,
+        "type": REFUND.type,
+        "payload": {"amount": 500, "currency": "EUR", "reason": "x", "charge_id": charge.id},
+    }
+    refund_effect = _submit_and_dispatch(agent, refund_body, f"r-{uuid.uuid4()}")
+    assert refund_effect.status == "CONFIRMED"
+    [refund] = _refunds(oracle, refund_effect.command.provider_key)
+    assert refund.id == refund_effect.provider_operation_id and refund.charge == charge.id
+
+
+@pytest.mark.django_db
+def test_gateway_500_after_commit_is_settled_by_lookup_with_one_charge(
+    server, oracle, proxy, agent, route_billing_to
+):
+    route_billing_to(proxy.url)
+    proxy.fault = "500_after"
+    effect = _submit_and_dispatch(agent, _CHARGE_BODY, f"c-{uuid.uuid4()}")
+
+    # The 5xx was followed by a lookup by key, which found the committed charge.
+    assert effect.status == "CONFIRMED"
+    [charge] = _charges(oracle, effect.command.provider_key)
+    assert effect.provider_operation_id == charge.id
+
+
+@pytest.mark.django_db
+def test_gateway_lost_answer_is_unknown_then_reconciled_with_one_charge(
+    server, oracle, proxy, agent, route_billing_to
+):
+    from reconciliation.services.reconciler import effect_reconcile
+
+    route_billing_to(proxy.url)
+    proxy.fault = "drop_after"
+    effect = _submit_and_dispatch(agent, _CHARGE_BODY, f"c-{uuid.uuid4()}")
+    assert effect.status == "UNKNOWN"
+
+    proxy.fault = None
+    effect_reconcile(effect_id=effect.pk)
+    effect.refresh_from_db()
+    assert effect.status == "CONFIRMED"
+    [charge] = _charges(oracle, effect.command.provider_key)
+    assert effect.provider_operation_id == charge.id
+
+
+@pytest.mark.django_db
+def test_gateway_declined_card_is_rejected(server, oracle, agent, route_billing_to):
+    route_billing_to(server.url, default_source="tok_chargeDeclined")
+    effect = _submit_and_dispatch(agent, _CHARGE_BODY, f"c-{uuid.uuid4()}")
+
+    assert effect.status == "REJECTED"
+    assert [c.status for c in _charges(oracle, effect.command.provider_key)] == ["failed"]
