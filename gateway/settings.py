@@ -71,6 +71,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_names(name: str, default: list[str]) -> list[str]:
+    """A list of names: a JSON list (``["a", "b"]``) or comma-separated (``a,b``)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw.startswith("["):
+        return env_list(name, default)
+    try:
+        names = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"{name} is not a JSON list: {exc}") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a JSON list of names")
+    return [n.strip() for n in names]
+
+
 DEBUG = env_bool("DEBUG", False)
 _DEV_SECRET = "dev-only-insecure-secret-key-never-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
@@ -331,6 +345,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # --- The gateway ---------------------------------------------------------------------------
+# The contract modules to load (gateway.contracts.loading): a JSON list or comma-separated
+# module names; the shipped demo pack unless set. A team's module adds its effect types and
+# adapters without changing the product (docs/guides/effect-types.md).
+GATEWAY_CONTRACT_MODULES = env_names("GATEWAY_CONTRACT_MODULES", ["gateway.contracts.demo"])
 GATEWAY_SANDBOX_URL = env_str("GATEWAY_SANDBOX_URL", "http://127.0.0.1:8765")
 _PROVIDERS = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
 _default_provider_urls = {name: f"{GATEWAY_SANDBOX_URL}/{name}" for name in _PROVIDERS}
