@@ -3,6 +3,8 @@ workers), and the ``--deploy`` warnings that need the database."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
@@ -81,7 +83,9 @@ def statistics_must_follow_the_ledger(app_configs=None, databases=None, **kwargs
 
 
 @register(CONTRACTS_TAG)
-def contract_modules_must_load(app_configs=None, databases=None, **kwargs):
+def contract_modules_must_load(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
     """Every problem the start-up load of ``GATEWAY_CONTRACT_MODULES`` found (a module that
     does not import or declares no contracts, a schema that is not JSON Schema, an approval
     rule on a missing field, a missing compensator, a type declared twice, a version whose
