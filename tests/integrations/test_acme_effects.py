@@ -124,3 +124,15 @@ def test_the_example_adapter_speaks_the_outcome_vocabulary(acme):
     down = send("k3")
     assert down.outcome == Outcome.NOT_STARTED, down
     assert adapter.lookup(idempotency_key="k1", timeout=2).status == LookupStatus.UNREACHABLE
+
+
+def test_the_guide_shows_the_example_as_it_is_and_every_check():
+    """docs/guides/effect-types.md includes the package verbatim and lists each check id."""
+    from gateway.contracts import loading
+
+    guide = (EXAMPLES.parent / "guides" / "effect-types.md").read_text()
+    source = (EXAMPLES / "acme_effects" / "__init__.py").read_text()
+    assert f"```python\n{source}```" in guide
+    assert len(source.splitlines()) < 100
+    ids = {v for k, v in vars(loading).items() if k.isupper() and str(v).startswith("gateway.")}
+    assert ids and all(f"`{id}`" in guide for id in ids), ids
