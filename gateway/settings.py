@@ -80,7 +80,9 @@ def env_names(name: str, default: list[str]) -> list[str]:
         names = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ImproperlyConfigured(f"{name} is not a JSON list: {exc}") from None
-    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+    if not isinstance(names, list) or not names:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a non-empty JSON list of names")
+    if not all(isinstance(n, str) and n.strip() for n in names):
         raise ImproperlyConfigured(f"{name}={raw!r} is not a JSON list of names")
     return [n.strip() for n in names]
 

@@ -85,6 +85,10 @@ def load(names: Iterable[str]) -> Loaded:
     if isinstance(names, str):  # a setting overridden with one string: its names
         names = [n.strip() for n in names.split(",") if n.strip()]
     result = Loaded(modules=list(names))
+    if not result.modules:
+        result.problems.append(
+            Problem(NO_CONTRACTS, "GATEWAY_CONTRACT_MODULES", "names no contract module")
+        )
     candidates: list[_Module] = []
     for name in result.modules:
         module, problems = _import(name)

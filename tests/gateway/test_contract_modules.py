@@ -92,6 +92,12 @@ def test_an_unimportable_module_is_an_error(settings, write_module):
     assert "no_such_team_module: cannot be imported: ModuleNotFoundError" in report
 
 
+def test_no_module_at_all_is_an_error(settings):
+    settings.GATEWAY_CONTRACT_MODULES = []
+    with pytest.raises(SystemCheckError, match=r"gateway.E102\) GATEWAY_CONTRACT_MODULES: names"):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+
 def test_a_module_without_contracts_is_an_error(settings, write_module):
     empty = write_module("CONTRACTS = []\n")
     nothing = write_module("ADAPTERS = {}\n")
