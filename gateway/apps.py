@@ -1,7 +1,7 @@
 from functools import partial
 
 from django.apps import AppConfig
-from django.test.signals import setting_changed
+from django.core.signals import setting_changed
 
 
 class GatewayConfig(AppConfig):

@@ -17,11 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.choices import EffectClass
 from gateway.lib import jsonin
 from gateway.lib.digest import sha256_digest
+
+if TYPE_CHECKING:
+    from gateway.providers.base import ProviderAdapter, ProviderConfig
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
@@ -217,12 +220,12 @@ class EffectContract:
         }
 
 
-# The loaded set: effect type -> contract, and provider name -> adapter factory (a callable
-# taking gateway.providers.base.ProviderConfig). Filled in place at start-up by
-# gateway.contracts.loading (``from gateway.contracts import CONTRACTS`` stays valid); only
-# the modules that passed every check are in them.
+# The loaded set: effect type -> contract, and provider name -> adapter factory. Filled in
+# place at start-up by gateway.contracts.loading (``from gateway.contracts import CONTRACTS``
+# stays valid); only the modules that passed every check are in them.
 CONTRACTS: dict[str, EffectContract] = {}
-ADAPTERS: dict[str, Callable[[Any], Any]] = {}
+AdapterFactory = Callable[["ProviderConfig"], "ProviderAdapter"]
+ADAPTERS: dict[str, AdapterFactory] = {}
 
 
 def get_contract(effect_type: str) -> EffectContract | None:

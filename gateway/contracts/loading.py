@@ -13,13 +13,13 @@ workers. Nothing is loaded per call.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 
-from gateway.contracts import _OPS, ADAPTERS, CONTRACTS, EffectContract
+from gateway.contracts import _OPS, ADAPTERS, CONTRACTS, AdapterFactory, EffectContract
 
 # Check ids, one per kind of problem (docs/guides/effect-types.md lists them).
 IMPORT_FAILED = "gateway.E101"
@@ -62,7 +62,7 @@ class Loaded:
 
     modules: list[str]
     contracts: dict[str, EffectContract] = field(default_factory=dict)
-    adapters: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    adapters: dict[str, AdapterFactory] = field(default_factory=dict)
     # effect type -> the module that declared it
     origin: dict[str, str] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
@@ -72,7 +72,7 @@ class Loaded:
 class _Module:
     name: str
     contracts: list[EffectContract]
-    adapters: dict[str, Callable[[Any], Any]]
+    adapters: dict[str, AdapterFactory]
     fingerprints: Mapping[str, Mapping[Any, str]] | None
 
 

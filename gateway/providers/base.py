@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.choices import Outcome
+
+if TYPE_CHECKING:
+    from gateway.contracts import EffectContract
 
 
 @dataclass(frozen=True)
@@ -77,4 +80,4 @@ class ProviderConfig:
     name: str
     base_url: str
     timeout: float
-    contract: Any
+    contract: EffectContract

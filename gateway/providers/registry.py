@@ -11,19 +11,21 @@ from gateway.contracts import ADAPTERS, EffectContract
 from gateway.providers.base import ProviderAdapter, ProviderConfig
 from gateway.providers.http import HttpProviderAdapter
 
-# (effect type, base URL, timeout) -> the adapter built for them: a factory runs once per
-# configuration in a process, not once per call. Emptied when the contracts are reloaded.
-_adapters: dict[tuple[str, str, float], ProviderAdapter] = {}
+# (contract, base URL, timeout) -> the contract and the adapter built for them: a factory
+# runs once per configuration in a process, not once per call. Emptied when the contracts
+# are loaded again. Keyed by the contract's id (a contract holds dicts: no hash), and the
+# contract kept beside the adapter so that a reused id never finds another's adapter.
+_adapters: dict[tuple[int, str, float], tuple[EffectContract, ProviderAdapter]] = {}
 
 
 def adapter_for(contract: EffectContract) -> ProviderAdapter:
     base_url = settings.GATEWAY_PROVIDER_URLS.get(contract.provider, "")
     timeout = settings.GATEWAY_PROVIDER_TIMEOUT
-    key = (contract.type, base_url, timeout)
-    adapter = _adapters.get(key)
-    if adapter is None:
-        adapter = _adapters[key] = _build(contract, base_url, timeout)
-    return adapter
+    key = (id(contract), base_url, timeout)
+    built = _adapters.get(key)
+    if built is None or built[0] is not contract:
+        built = _adapters[key] = (contract, _build(contract, base_url, timeout))
+    return built[1]
 
 
 def _build(contract: EffectContract, base_url: str, timeout: float) -> ProviderAdapter:
