@@ -92,9 +92,19 @@ def load(names: Iterable[str]) -> Loaded:
     candidates: list[_Module] = []
     for name in result.modules:
         module, problems = _import(name)
-        if module is not None:
-            for contract in module.contracts:
-                problems += _contract_problems(name, contract, module.fingerprints)
+        fingerprints = module.fingerprints if module is not None else None
+        for contract in module.contracts if module is not None else ():
+            try:
+                problems += _contract_problems(name, contract, fingerprints)
+            except Exception as exc:  # a value no check expected (a set in a schema, ...)
+                problems.append(
+                    Problem(
+                        BAD_DECLARATION,
+                        name,
+                        f"cannot be checked: {type(exc).__name__}: {exc}",
+                        contract.type,
+                    )
+                )
         if module is not None and not any(p.error for p in problems):
             candidates.append(module)
         result.problems += problems
@@ -183,8 +193,10 @@ def _contract_problems(
         jsonschema.Draft202012Validator.check_schema(contract.payload_schema)
     except jsonschema.SchemaError as exc:
         return [problem(BAD_SCHEMA, f"payload_schema is not valid JSON Schema: {exc.message}")]
+    contract.fingerprint  # noqa: B018 - raises for a value JSON cannot hold (caller: E108)
     problems = []
-    properties = contract.payload_schema.get("properties") or {}
+    schema = contract.payload_schema
+    properties = (schema.get("properties") if isinstance(schema, dict) else None) or {}
     approval = contract.approval
     if approval.mode not in _APPROVAL_MODES:
         problems.append(problem(BAD_APPROVAL, f"approval mode {approval.mode!r} is unknown"))

@@ -290,3 +290,12 @@ def test_a_worker_refuses_to_start_on_a_bad_module(tmp_path):
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "gateway.E101: no_such_team_module: cannot be imported" in done.stderr
+
+
+def test_a_value_no_check_expected_is_an_error_not_a_crash(settings, write_module):
+    odd = write_module("""
+        CONTRACTS = [contract("team.odd", payload_schema={"type": "object", "enum": [{1, 2}]})]
+    """)
+    report = check_errors(settings, odd)
+    assert f"gateway.E108) {odd}: team.odd: cannot be checked: CanonicalizationError" in report
+    assert get_contract("team.odd") is None
