@@ -75,7 +75,9 @@ def test_an_example_effect_is_sent_once_by_a_real_worker_and_confirmed(
         PYTHONPATH=os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
     )
     try:
-        wait_until(lambda: status(effect_id) == "CONFIRMED", timeout=60, what="CONFIRMED")
+        wait_until(lambda: status(effect_id) == "CONFIRMED", timeout=90, what="CONFIRMED")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the worker's log:\n{worker.output()[-4000:]}") from None
     finally:
         worker.stop()
     assert "Traceback" not in worker.output()
