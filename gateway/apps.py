@@ -1,6 +1,7 @@
 from functools import partial
 
 from django.apps import AppConfig
+from django.core.signals import setting_changed
 
 
 class GatewayConfig(AppConfig):
@@ -13,6 +14,12 @@ class GatewayConfig(AppConfig):
         # Make our Celery app the current one in every process that loads Django (web nodes
         # send tasks with shared_task.delay, which uses the current app's broker).
         from gateway import capabilities, checks, hooks, lockout, moves  # noqa: F401  (checks, lockout: receivers)
+        from gateway.contracts import loading
+
+        # Every contract module once per process, before any request or task reads them; a
+        # module with a bad contract is left out, and its problems are check errors.
+        loading.load_configured()
+        setting_changed.connect(_reload_contracts)
         from gateway.celery import app  # noqa: F401
         from gateway.dispatcher import announce_due, drainers_at_work, wake_due
         from gateway.tasks import dispatch_due, dispatch_effect
@@ -29,3 +36,15 @@ class GatewayConfig(AppConfig):
         hooks.after_transition.register(capabilities.capability_release_unsent)
         # The long polls waiting on an effect hear of its change after commit.
         hooks.after_transition.register(moves.after_transition)
+
+
+def _reload_contracts(*, setting: str, **kwargs) -> None:
+    """A test that overrides the contract modules (or the provider URLs the adapters are
+    built with) gets them loaded and built again, as a process started with them would."""
+    from gateway.contracts import loading
+    from gateway.providers import registry
+
+    if setting == "GATEWAY_CONTRACT_MODULES":
+        loading.load_configured()
+    elif setting in ("GATEWAY_PROVIDER_URLS", "GATEWAY_PROVIDER_TIMEOUT"):
+        registry.forget_adapters()

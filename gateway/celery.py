@@ -48,6 +48,24 @@ def _prefork(consumer) -> bool:
 
 
 @worker_init.connect
+def _refuse_bad_contracts(**kwargs) -> None:
+    """A worker does not start while a contract module has errors (``manage.py check``
+    names them), as ``runserver`` and ``migrate`` do not: the module's effects would
+    otherwise wait under a worker that cannot send them. SystemExit, because Celery logs
+    and ignores any other exception a signal handler raises."""
+    from django.core import checks
+
+    from gateway.checks import CONTRACTS_TAG
+
+    errors = [m for m in checks.run_checks(tags=[CONTRACTS_TAG]) if m.is_serious()]
+    if errors:
+        raise SystemExit(
+            "The contract modules have errors (manage.py check):\n"
+            + "\n".join(f"{m.id}: {m.msg}" for m in errors)
+        )
+
+
+@worker_init.connect
 def _freeze_at_start(**kwargs) -> None:
     """What the worker loaded (Django, the apps, the tasks) lives as long as it does: out of
     the collector's full passes (gateway.lib.gcfreeze), before a prefork pool forks, so that

@@ -1,9 +1,17 @@
-"""``manage.py check --deploy`` warnings that need the database."""
+"""``manage.py check``: the loaded contract modules (errors that stop the server and the
+workers), and the ``--deploy`` warnings that need the database."""
 
 from __future__ import annotations
 
-from django.core.checks import Tags, Warning, register
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
+
+from gateway.contracts import loading
+
+CONTRACTS_TAG = "contracts"
 
 LEDGER_TABLE = "gateway_effectevent"
 
@@ -72,3 +80,21 @@ def statistics_must_follow_the_ledger(app_configs=None, databases=None, **kwargs
             id="gateway.W002",
         )
     ]
+
+
+@register(CONTRACTS_TAG)
+def contract_modules_must_load(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Every problem the start-up load of ``GATEWAY_CONTRACT_MODULES`` found (a module that
+    does not import or declares no contracts, a schema that is not JSON Schema, an approval
+    rule on a missing field, a missing compensator, a type declared twice, a version whose
+    schema or policy changed), and each loaded contract whose provider nothing can reach.
+    Errors name the module and the type; a module with one is not loaded at all."""
+    loaded = loading.current()
+    problems = loaded.problems + loading.provider_problems(loaded, settings.GATEWAY_PROVIDER_URLS)
+    messages: list[CheckMessage] = []
+    for problem in problems:
+        kind = Error if problem.error else Warning
+        messages.append(kind(str(problem), hint=problem.hint or None, id=problem.id))
+    return messages

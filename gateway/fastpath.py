@@ -215,12 +215,13 @@ _COMMAND_COLUMNS = """
         effect_id, tenant_id, type, provider, idempotency_key, provider_key, payload_digest,
         resource, resource_type, resource_id, resource_version, payload_sealed,
         payload_redacted, intent, context, requested_by_id, capability_id, budget_amount,
-        approval_required, compensates_id, saga_id, saga_step, expires_at, created_at)"""
+        approval_required, compensates_id, saga_id, saga_step, expires_at, created_at,
+        contract_version)"""
 _COMMAND_VALUES = """%(id)s, %(tenant)s, %(type)s, %(provider)s, %(key)s, %(provider_key)s,
         %(digest)s, %(resource)s::jsonb, %(resource_type)s, %(resource_id)s,
         %(resource_version)s, %(sealed)s, %(redacted)s::jsonb, %(intent)s::jsonb,
         %(context)s::jsonb, %(principal)s, %(capability)s, %(reserved)s,
-        %(approval_required)s, NULL, '', '', %(expires)s, %(now)s"""
+        %(approval_required)s, NULL, '', '', %(expires)s, %(now)s, %(ver)s"""
 _EFFECT_AND_EVENT = """eff AS (
     INSERT INTO gateway_effect (
         effect_id, tenant_id, type, owner, status, status_changed_at, fence, attempt_count,
@@ -454,6 +455,7 @@ def submit(
         "id": effect_id,
         "tenant": principal.tenant_id,
         "type": contract.type,
+        "ver": contract.version,  # short: the statements must fit the 4096-byte parse cache
         "provider": contract.provider,
         "key": idempotency_key,
         "provider_key": f"{principal.tenant.slug}:{idempotency_key}",
@@ -497,6 +499,7 @@ def submit(
         effect_id=effect_id,
         tenant_id=principal.tenant_id,
         type=contract.type,
+        contract_version=contract.version,
         provider=contract.provider,
         idempotency_key=idempotency_key,
         provider_key=params["provider_key"],

@@ -224,6 +224,9 @@ class Command(models.Model):
         Tenant, on_delete=models.PROTECT, related_name="commands", db_index=False
     )
     type = models.CharField(max_length=100)
+    # The version of the type's contract the command was submitted (validated, approved)
+    # under (EffectContract.version); a later version of the contract does not change it.
+    contract_version = models.PositiveIntegerField(default=1, db_default=1)
     provider = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=255)
     # The key sent to the provider: scoped by tenant, because one provider account may serve

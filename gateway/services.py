@@ -206,6 +206,7 @@ def command_submit(
                 effect_id=effect_id,
                 tenant_id=principal.tenant_id,
                 type=contract.type,
+                contract_version=contract.version,
                 provider=contract.provider,
                 idempotency_key=idempotency_key,
                 provider_key=f"{principal.tenant.slug}:{idempotency_key}",

@@ -20,6 +20,7 @@ from gateway.lib.env import (
     env_int,
     env_json_object,
     env_list,
+    env_names,
     env_number,
     env_section,
     env_str,
@@ -419,6 +420,13 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # --- The gateway ---------------------------------------------------------------------------
 env_section("Providers")
+GATEWAY_CONTRACT_MODULES = env_names(
+    "GATEWAY_CONTRACT_MODULES",
+    ["gateway.contracts.demo"],
+    doc="Contract modules to load (docs/guides/effect-types.md): comma-separated or a JSON "
+    "list; the shipped demo pack by default. A team's module adds its effect types and "
+    "adapters without changing the product.",
+)
 GATEWAY_SANDBOX_URL = env_str(
     "GATEWAY_SANDBOX_URL",
     "http://127.0.0.1:8765",

@@ -110,6 +110,7 @@ class EffectSerializer(serializers.ModelSerializer):
     effect_id = serializers.CharField(source="pk")
     tenant = serializers.CharField(source="tenant.slug")
     status = serializers.ChoiceField(choices=EffectStatus.choices)
+    contract_version = serializers.IntegerField(source="command.contract_version")
     idempotency_key = serializers.CharField(source="command.idempotency_key")
     provider_idempotency_key = serializers.CharField(source="command.provider_key")
     payload_digest = serializers.CharField(source="command.payload_digest")
@@ -138,6 +139,7 @@ class EffectSerializer(serializers.ModelSerializer):
         fields = [
             "effect_id",
             "type",
+            "contract_version",
             "tenant",
             "status",
             "idempotency_key",
@@ -200,6 +202,7 @@ class EffectSerializer(serializers.ModelSerializer):
         return {
             "effect_id": _text(effect.pk),
             "type": _text(effect.type),
+            "contract_version": int(command.contract_version),
             "tenant": _text(effect.tenant.slug),
             "status": _text(effect.status),
             "idempotency_key": _text(command.idempotency_key),

@@ -129,6 +129,27 @@ def env_list(
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_names(
+    name: str, default: list[str], *, doc: str = "", shown: str | None = None
+) -> list[str]:
+    """A list of names: a JSON list (``["a", "b"]``) or comma-separated (``a,b``)."""
+    _register(name, "list", default, doc, shown, False)
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.startswith("["):
+        return [item.strip() for item in raw.split(",") if item.strip()]
+    try:
+        names = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"{name} is not a JSON list: {exc}") from None
+    if not isinstance(names, list) or not names:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a non-empty JSON list of names")
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a JSON list of names")
+    return [n.strip() for n in names]
+
+
 def env_json_object(name: str, *, doc: str = "", shown: str | None = None) -> dict[str, Any]:
     """A JSON object (empty when unset)."""
     _register(name, "JSON object", {}, doc, shown, False)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.choices import Outcome
+
+if TYPE_CHECKING:
+    from gateway.contracts import EffectContract
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,15 @@ class ProviderAdapter(Protocol):
     def lookup(
         self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
     ) -> LookupResult: ...
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """What an adapter factory is built from: the provider's name, its base URL (from
+    ``GATEWAY_PROVIDER_URLS``; "" when none is configured), the call timeout in seconds, and
+    the contract whose effects it will send (its completion statuses, its lookups)."""
+
+    name: str
+    base_url: str
+    timeout: float
+    contract: EffectContract

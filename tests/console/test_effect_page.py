@@ -158,3 +158,19 @@ def test_a_payload_that_fails_verification_is_shown_as_such_not_a_crash(oscar, b
     html = response.content.decode()
     assert "This record failed verification" in html
     assert "ada@example.com" not in html
+
+
+def test_the_contract_version_the_command_was_submitted_under(oscar, bot, monkeypatch):
+    from dataclasses import replace
+
+    from gateway.contracts import CONTRACTS
+
+    effect = submit(bot.principal, REFUND)
+    assert effect.command.contract_version == 1
+    html = oscar.client.get(f"/effects/{effect.pk}").content.decode()
+    assert re.search(r'class="muted small contract-version"[^>]*>v1</span>', html)
+    # The contract moved on; the command keeps the version it was submitted under.
+    refund = CONTRACTS["billing.refund.create"]
+    monkeypatch.setitem(CONTRACTS, refund.type, replace(refund, version=2))
+    html = oscar.client.get(f"/effects/{effect.pk}").content.decode()
+    assert re.search(r">v1 \(the contract is now v2\)</span>", html)

@@ -260,3 +260,35 @@ def test_personal_fields_are_sealed_and_redacted_for_others(agent, approver):
     assert seen["payload_redacted"] is True
     events = EffectEvent.objects.filter(effect_id=created["effect_id"])
     assert all("ada@example.com" not in str(event.data) for event in events)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "orm-path"])
+def test_the_command_keeps_the_contract_version_it_was_submitted_under(
+    agent, refund_body, settings, monkeypatch, fast
+):
+    from dataclasses import replace
+
+    from gateway import fastpath
+
+    settings.GATEWAY_FAST_PATH = fast
+    written = []
+    submit = fastpath.submit
+
+    def counted(**kwargs):
+        written.append(submit(**kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(fastpath, "submit", counted)
+    refund = CONTRACTS["billing.refund.create"]
+    monkeypatch.setitem(CONTRACTS, refund.type, replace(refund, version=3))
+    response = agent.submit(refund_body, "versioned")
+    assert response.status_code == 201
+    assert response.json()["contract_version"] == 3
+    command = Command.objects.get(pk=response.json()["effect_id"])
+    assert command.contract_version == 3
+    assert bool(written) == fast  # the path under test wrote it
+    # A later version of the contract changes nothing stored, nor the replay's answer.
+    monkeypatch.setitem(CONTRACTS, refund.type, replace(refund, version=4))
+    replay = agent.submit(refund_body, "versioned")
+    assert replay.status_code == 200 and replay.json()["contract_version"] == 3
+    assert Command.objects.get(pk=command.pk).contract_version == 3

@@ -90,3 +90,25 @@ def test_zero_is_a_value_only_where_it_turns_the_setting_off(monkeypatch):
         env_int("GATEWAY_SOME_NUMBER", 3, zero_turns_off=True)
     monkeypatch.delenv("GATEWAY_SOME_NUMBER")
     assert env_int("GATEWAY_SOME_NUMBER", 3) == 3
+
+
+@pytest.mark.parametrize(
+    "raw, names",
+    [
+        ("", ["gateway.contracts.demo"]),
+        ("gateway.contracts.demo, acme_effects", ["gateway.contracts.demo", "acme_effects"]),
+        ('["gateway.contracts.demo", "acme_effects"]', ["gateway.contracts.demo", "acme_effects"]),
+    ],
+)
+def test_contract_modules_are_a_json_list_or_comma_separated(monkeypatch, raw, names):
+    from gateway.lib.env import env_names
+
+    monkeypatch.setenv("GATEWAY_CONTRACT_MODULES", raw)
+    assert env_names("GATEWAY_CONTRACT_MODULES", ["gateway.contracts.demo"]) == names
+
+
+@pytest.mark.parametrize("raw", ['["acme_effects"', '["acme_effects", 3]', "[]"])
+def test_malformed_contract_modules_stop_the_process(raw):
+    done = _load_settings("settings.GATEWAY_CONTRACT_MODULES", GATEWAY_CONTRACT_MODULES=raw)
+    assert done.returncode != 0
+    assert "ImproperlyConfigured: GATEWAY_CONTRACT_MODULES" in done.stderr

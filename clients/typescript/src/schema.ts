@@ -855,6 +855,7 @@ export interface components {
             effect_id: string;
             /** @enum {string} */
             type: "billing.charge.create" | "billing.refund.create" | "inventory.reservation.create" | "inventory.reservation.release" | "shipment.create" | "shipment.cancel" | "deployment.release.promote" | "deployment.release.rollback" | "deployment.release.verify" | "ticket.create" | "ticket.close" | "email.message.send";
+            contract_version: number;
             tenant: string;
             status: components["schemas"]["StatusEnum"];
             idempotency_key: string;

@@ -1,171 +1,19 @@
-"""Side-effect contracts: every effect type the gateway executes, declared once, in code (SPEC §3).
+"""The demo pack: the effect types the product ships (SPEC §3), as one contract module.
 
-A contract says what a command of that type looks like (its JSON Schema), who runs it (the
-provider), what "done" means (completion semantics), how to find an operation again (lookup),
-what to do when the outcome is uncertain (recovery), who must approve it, and how — if at all
-— it is undone. The API lists them at ``GET /api/v1/effect-types``; agent tool integrations
-expose ``payload_schema`` as the tool's input schema.
+It is loaded like a team's own module (``GATEWAY_CONTRACT_MODULES``, gateway.contracts.loading):
+``CONTRACTS`` lists the contracts; ``FINGERPRINTS`` records each version's fingerprint, so
+that ``manage.py check`` warns when a schema or a policy changes and the version does not.
+No ``ADAPTERS``: every provider here speaks SPEC §6 through the bundled HTTP adapter.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from gateway.choices import EffectClass
-from gateway.lib import jsonin
-
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-    "in": lambda value, options: value in options,
-}
-
-
-@dataclass(frozen=True)
-class ApprovalPolicy:
-    """Never, always, or a rule on one payload field (``amount > 10000``)."""
-
-    mode: str  # "never" | "always" | "rule"
-    description: str
-    field: str | None = None
-    op: str | None = None
-    value: Any = None
-
-    def requires_approval(self, payload: Mapping[str, Any]) -> bool:
-        if self.mode == "always":
-            return True
-        if self.mode == "never":
-            return False
-        actual = payload.get(self.field) if self.field else None
-        if actual is None:
-            return True  # a rule that cannot be evaluated errs on the side of a human
-        return _OPS[self.op or ""](actual, self.value)
-
-    def as_data(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"mode": self.mode, "description": self.description}
-        if self.mode == "rule":
-            data["rule"] = {"field": self.field, "op": self.op, "value": self.value}
-        return data
-
-
-NEVER = ApprovalPolicy("never", "Runs without an approver.")
-ALWAYS = ApprovalPolicy("always", "Every command needs an approver.")
-
-
-@dataclass(frozen=True)
-class RecoveryPolicy:
-    """What the gateway does with each uncertain outcome of this type."""
-
-    max_dispatch_attempts: int = 5
-    # Lookups of an UNKNOWN/IN_PROGRESS effect before it goes to the human queue.
-    reconcile_budget: int = 8
-    # How long the provider keeps idempotency keys: past this, "not found" proves nothing.
-    key_retention: timedelta = timedelta(days=1)
-
-    def as_data(self) -> dict[str, Any]:
-        return {
-            "when_confirmed": "skip: the receipt is stored, nothing is sent again",
-            "when_not_started": (
-                f"retry with the original idempotency key, at most "
-                f"{self.max_dispatch_attempts} attempts, while unexpired and authorised"
-            ),
-            "when_unknown": (
-                f"reconcile by lookup first; after {self.reconcile_budget} inconclusive "
-                "lookups, pause and escalate to the owner"
-            ),
-            "max_dispatch_attempts": self.max_dispatch_attempts,
-            "reconcile_budget": self.reconcile_budget,
-            "key_retention_seconds": int(self.key_retention.total_seconds()),
-        }
-
-
-# (original resource, original payload, receipt result, provider operation id)
-#   -> (resource, payload) of the compensating command
-CompensationBuilder = Callable[
-    [Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], str], tuple[dict, dict]
-]
-
-
-@dataclass(frozen=True)
-class EffectContract:
-    """One effect type's side-effect contract."""
-
-    type: str
-    provider: str
-    effect_class: EffectClass
-    description: str
-    resource_type: str
-    payload_schema: dict[str, Any]
-    example: dict[str, Any]
-    owner: str
-    commit_semantics: str
-    completion_semantics: str
-    approval: ApprovalPolicy = NEVER
-    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-    supports_idempotency: bool = True
-    lookup: tuple[str, ...] = ("idempotency_key", "provider_operation_id")
-    # Provider operation statuses that satisfy the completion semantics.
-    completion_statuses: frozenset[str] = frozenset({"succeeded"})
-    resource_version_required: bool = False
-    compensator: str | None = None
-    compensation_window: timedelta | None = None
-    # A provider state past which compensation is manual; None: no such state.
-    irreversible_boundary: str | None = None
-    # True when the effect can never be undone, only followed by a correction.
-    irreversible: bool = False
-    # True when the compensator may be issued without a human deciding to.
-    automatic_compensation: bool = True
-    compensation: CompensationBuilder | None = None
-    personal_fields: tuple[str, ...] = ()
-    # The provider's own console for one operation, as a template of ``{base}`` (the
-    # provider's URL), ``{provider_key}`` and ``{operation_id}``; None: it has none.
-    console_url: str | None = None
-
-    @cached_property
-    def payload_validator(self) -> Any:
-        """The validator of ``payload_schema``, built once per process instead of at every
-        submission (building it cost more than validating)."""
-        return jsonin.payload_validator(self.payload_schema)
-
-    def requires_approval(self, payload: Mapping[str, Any]) -> bool:
-        return self.approval.requires_approval(payload)
-
-    def as_data(self) -> dict[str, Any]:
-        """The public description served by ``GET /api/v1/effect-types``."""
-        window = self.compensation_window
-        return {
-            "type": self.type,
-            "description": self.description,
-            "provider": self.provider,
-            "effect_class": str(self.effect_class),
-            "owner": self.owner,
-            "resource_type": self.resource_type,
-            "resource_version_required": self.resource_version_required,
-            "payload_schema": self.payload_schema,
-            "example": self.example,
-            "commit_semantics": self.commit_semantics,
-            "completion_semantics": self.completion_semantics,
-            "idempotency": {
-                "supported": self.supports_idempotency,
-                "lookup": list(self.lookup),
-            },
-            "approval": self.approval.as_data(),
-            "recovery": self.recovery.as_data(),
-            "compensator": self.compensator,
-            "compensation_window_seconds": int(window.total_seconds()) if window else None,
-            "irreversible_boundary": self.irreversible_boundary,
-            "irreversible": self.irreversible,
-            "automatic_compensation": self.automatic_compensation,
-            "personal_fields": list(self.personal_fields),
-        }
-
+from gateway.contracts import ApprovalPolicy, EffectContract
 
 # --- JSON Schema building blocks -------------------------------------------------------------
 
@@ -272,21 +120,13 @@ _ITEMS = {
 }
 _ORDER = {"type": "order", "id": "ord_881", "version": 17}
 
-CONTRACTS: dict[str, EffectContract] = {}
-
-
 # The billing provider's (here: the sandbox's) page of the operations it holds for a key.
 _BILLING_CONSOLE = "{base}/_operations?idempotency_key={provider_key}"
 
-
-def register(contract: EffectContract) -> EffectContract:
-    if contract.type in CONTRACTS:
-        raise ValueError(f"effect type {contract.type} declared twice")
-    CONTRACTS[contract.type] = contract
-    return contract
+CONTRACTS: list[EffectContract] = []
 
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="billing.charge.create",
         provider="billing",
@@ -315,7 +155,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="billing.refund.create",
         provider="billing",
@@ -342,7 +182,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="inventory.reservation.create",
         provider="inventory",
@@ -367,7 +207,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="inventory.reservation.release",
         provider="inventory",
@@ -385,7 +225,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="shipment.create",
         provider="shipping",
@@ -419,7 +259,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="shipment.cancel",
         provider="shipping",
@@ -439,7 +279,7 @@ register(
 
 _SERVICE = {"type": "service", "id": "catalog", "version": 41}
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="deployment.release.promote",
         provider="deploy",
@@ -472,7 +312,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="deployment.release.rollback",
         provider="deploy",
@@ -498,7 +338,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="deployment.release.verify",
         provider="deploy",
@@ -525,7 +365,7 @@ register(
 
 _QUEUE = {"type": "queue", "id": "support"}
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="ticket.create",
         provider="tickets",
@@ -551,7 +391,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="ticket.close",
         provider="tickets",
@@ -566,7 +406,7 @@ register(
     )
 )
 
-register(
+CONTRACTS.append(
     EffectContract(
         type="email.message.send",
         provider="mail",
@@ -608,5 +448,39 @@ register(
 )
 
 
-def get_contract(effect_type: str) -> EffectContract | None:
-    return CONTRACTS.get(effect_type)
+# The fingerprint each released version had (EffectContract.fingerprint): a contract whose
+# schema or policy changes without a new version is a `manage.py check` warning.
+FINGERPRINTS: dict[str, dict[int, str]] = {
+    "billing.charge.create": {
+        1: "sha256:61983ff97c6f4e2deb737855b33f8e997b177f42849ac2bf9149abd5dd49aaa7"
+    },
+    "billing.refund.create": {
+        1: "sha256:647a8fc4bb3a835a1b8c56f99e2cefebb90c71b37a124477b16e7dc41bdb3e36"
+    },
+    "inventory.reservation.create": {
+        1: "sha256:fd1b3de2be44c791cece715cc3ac08ec19ac5febf1595d9fbc480050349905e1"
+    },
+    "inventory.reservation.release": {
+        1: "sha256:03743b61f43e61939f9de22cd6c735ebf6ad0cffb332e54c2ac834307db1ba4c"
+    },
+    "shipment.create": {
+        1: "sha256:8630385f03a93691f416a11db9418746c910f575b407cd3fa6442c124db87f6a"
+    },
+    "shipment.cancel": {
+        1: "sha256:ebc8522221306a9ed0ef9895c3cf12d5d3fceaf758807f046255f8444a8da5bb"
+    },
+    "deployment.release.promote": {
+        1: "sha256:c662898111f0ef855cad2350a759a85944e94e64f4acf1462b0ffba48aa0dc8b"
+    },
+    "deployment.release.rollback": {
+        1: "sha256:2de96789a09247b2b200cf6e969df93cba24b09d4b33e44a114dab1a437bb1b7"
+    },
+    "deployment.release.verify": {
+        1: "sha256:f402dbd27ed5e49a79b2528651c727c5869f69c501c71be30303516521982b42"
+    },
+    "ticket.create": {1: "sha256:a83bf058c802419bc46c912fc5c84c647c28715cd5443af9a287770c596443c2"},
+    "ticket.close": {1: "sha256:977456f3d697b28ef28434fd71397753214e669304b0be09086226035bf1553b"},
+    "email.message.send": {
+        1: "sha256:d01137105395e7cbc3f08f9c984e08c570a8c465aec9cd5a9fa6878ce913c8d3"
+    },
+}
