@@ -362,6 +362,24 @@ GATEWAY_FAST_PATH = env_bool("GATEWAY_FAST_PATH", True)
 GATEWAY_REPLAY_MEMO = env_int("GATEWAY_REPLAY_MEMO", 10_000, zero_turns_off=True)
 # Seconds a provider connection is kept alive between calls (0: a new connection per call).
 GATEWAY_PROVIDER_KEEPALIVE = env_number("GATEWAY_PROVIDER_KEEPALIVE", 5, zero_turns_off=True)
+# Connections per provider origin and worker process; a call beyond waits for one, then is
+# not sent (NOT_STARTED).
+GATEWAY_PROVIDER_POOL_SIZE = env_int("GATEWAY_PROVIDER_POOL_SIZE", 16)
+# TLS to providers: the system's CA store unless a bundle (PEM) is named, which is then the
+# only one trusted; a client certificate (and its key, unless in the same file) for mTLS.
+# Proxies come from HTTPS_PROXY / HTTP_PROXY / NO_PROXY. Redirects are never followed.
+GATEWAY_PROVIDER_CA_BUNDLE = env_str("GATEWAY_PROVIDER_CA_BUNDLE", "")
+GATEWAY_PROVIDER_CLIENT_CERT = env_str("GATEWAY_PROVIDER_CLIENT_CERT", "")
+GATEWAY_PROVIDER_CLIENT_KEY = env_str("GATEWAY_PROVIDER_CLIENT_KEY", "")
+for _name, _path in (
+    ("GATEWAY_PROVIDER_CA_BUNDLE", GATEWAY_PROVIDER_CA_BUNDLE),
+    ("GATEWAY_PROVIDER_CLIENT_CERT", GATEWAY_PROVIDER_CLIENT_CERT),
+    ("GATEWAY_PROVIDER_CLIENT_KEY", GATEWAY_PROVIDER_CLIENT_KEY),
+):
+    if _path and not Path(_path).is_file():
+        raise ImproperlyConfigured(f"{_name}: no file at {_path}")
+if GATEWAY_PROVIDER_CLIENT_KEY and not GATEWAY_PROVIDER_CLIENT_CERT:
+    raise ImproperlyConfigured("GATEWAY_PROVIDER_CLIENT_KEY is set without a CLIENT_CERT")
 GATEWAY_DISPATCH_LEASE = env_number("GATEWAY_DISPATCH_LEASE", 60)
 # A dispatch may take a send and, after a 5xx, a lookup: two timeouts. A shorter lease would
 # let recovery declare a call that is still running UNKNOWN and the reconciler race it.

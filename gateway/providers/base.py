@@ -42,6 +42,9 @@ class CallResult:
     error: str = ""
     # The provider recorded something other than the command (digest, key reuse).
     mismatch: bool = False
+    # Seconds the provider asked to wait before the next call (``Retry-After`` of a 429 or
+    # 503), when it said.
+    retry_after: float | None = None
 
 
 class LookupStatus:
