@@ -158,6 +158,25 @@ class _Counting:
         _exchange.sent = 0  # a proxy's CONNECT is not the request
         self._answered_at = time.monotonic()
 
+    _held: bytes | None = None
+
+    def request(
+        self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any
+    ) -> None:
+        """A body of bytes leaves in one write with the head (urllib3 writes them apart: a
+        second system call and packet per request)."""
+        if not isinstance(body, bytes) or not body:
+            super().request(method, url, body=body, headers=headers, **options)  # type: ignore[misc]
+            return
+        self._held = b""
+        try:
+            headers = {**(headers or {}), "Content-Length": str(len(body))}
+            super().request(method, url, body=None, headers=headers, **options)  # type: ignore[misc]
+            head = self._held
+        finally:
+            self._held = None
+        self.send(head + body)
+
     def send(self, data: Any) -> None:
         sock = self.sock  # type: ignore[attr-defined]
         if sock is None:  # http.client opens a plain connection at the first write
@@ -165,6 +184,9 @@ class _Counting:
             sock = self.sock  # type: ignore[attr-defined]
         if not isinstance(data, bytes | bytearray | memoryview):
             super().send(data)  # type: ignore[misc]
+            return
+        if self._held is not None:
+            self._held += data
             return
         view = memoryview(data)
         while view:
