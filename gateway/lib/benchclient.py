@@ -11,8 +11,7 @@ agents, which run on machines of their own in a deployment, and on the benchmark
 every millisecond it spends is one the product does not get (the floor has no such client: its
 threads are its own callers). httpx cost 1.3 ms of CPU per request here against 0.4 ms for
 this (docs/reliability.md, "Session 6"); the process's CPU per submission is returned and
-printed beside the product's. The floor calls the provider with the same client, as the
-product's adapter is on the standard library too (gateway.providers.http).
+printed beside the product's. The strict floor calls the provider with the same client.
 """
 
 from __future__ import annotations

@@ -536,18 +536,7 @@ def classify_response(
             retry_after=retry_after(response.headers.get("Retry-After")),
         )
     if 300 <= code < 400:
-        # Never followed, never a refusal. A 303 is how a server says "done, see there" after
-        # a POST; a 307/308 asks for the same POST elsewhere (a place the configuration does
-        # not name, which would get the key and the body). Neither says whether the effect
-        # happened: a lookup by key does.
-        where = response.headers.get("Location", "")
-        return CallResult(
-            Outcome.UNKNOWN,
-            f"HTTP {code}: the provider redirected to {where or '(no Location)'}; a redirect "
-            "is never followed and proves nothing about the effect",
-            http_status=code,
-            error=str(error),
-        )
+        return _redirected(response, error=str(error))
     if 400 <= code < 500:
         return CallResult(
             Outcome.REJECTED,
@@ -561,6 +550,22 @@ def classify_response(
         http_status=code,
         error=str(error),
         retry_after=retry_after(response.headers.get("Retry-After")) if code == 503 else None,
+    )
+
+
+def _redirected(response: ProviderResponse, *, error: str) -> CallResult:
+    """A 3xx: never followed, never a refusal. A 303 is how a server says "done, see there"
+    after a POST; a 307/308 asks for the same POST elsewhere (a place the configuration does
+    not name, which would get the key and the body). Neither says whether the effect
+    happened: a lookup by key does."""
+    code = response.status_code
+    where = response.headers.get("Location", "") or "(no Location)"
+    return CallResult(
+        Outcome.UNKNOWN,
+        f"HTTP {code}: the provider redirected to {where}; a redirect is never followed "
+        "and proves nothing about the effect",
+        http_status=code,
+        error=error,
     )
 
 
