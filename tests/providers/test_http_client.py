@@ -676,3 +676,26 @@ def test_a_proxy_that_refuses_the_tunnel_is_not_started(fresh_client, no_proxy_e
     assert result.outcome == Outcome.NOT_STARTED, result
     assert "403" in result.error
     assert proxy.heads[0].startswith(b"CONNECT provider.test:443 HTTP/1.1")
+
+
+def test_a_name_that_does_not_resolve_is_not_started(fresh_client, monkeypatch):
+    def no_such_name(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(urllib3.util.connection.socket, "getaddrinfo", no_such_name)
+    result = provider_http.HttpProviderAdapter("http://provider.invalid/tickets").execute(
+        request("k1")
+    )
+    assert result.outcome == Outcome.NOT_STARTED, result
+    assert result.error.startswith("gaierror"), result.error
+
+
+def test_a_configured_ca_bundle_replaces_the_system_store(fresh_client, settings, certificate):
+    """With a bundle, only its CAs are trusted: a provider with a publicly trusted
+    certificate would fail the handshake, so the bundle is the whole trust store."""
+    settings.GATEWAY_PROVIDER_CA_BUNDLE = str(certificate[0])
+    context = provider_http._client().tls()
+    assert [ca["subject"] for ca in context.get_ca_certs()] == [
+        ((("commonName", "provider.test"),),)
+    ]
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
