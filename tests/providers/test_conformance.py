@@ -10,15 +10,19 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from gateway.choices import Outcome
 from gateway.providers.conformance import (
+    CASES_BY_NAME,
     FAIL,
     PASS,
     SKIP,
+    Decision,
     FaultProxy,
     RecordsDriver,
     Sample,
@@ -217,3 +221,19 @@ def test_a_team_suite_runs_the_matrix_with_the_plugin(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "14 passed" in done.stdout, done.stdout
+
+
+def test_a_provider_may_declare_what_a_case_means_for_it(sandbox_url):
+    """A provider whose 409 means "locked, come back later" declares it; the SPEC §6 adapter,
+    for which a 409 is a stale version, then fails that case: the override is what is checked."""
+    locked = replace(
+        CASES_BY_NAME["conflict_409"],
+        execute=frozenset({Outcome.NOT_STARTED, Outcome.UNKNOWN}),
+        reaches=Decision.SEND_AGAIN,
+        held_at_end=1,
+    )
+    subject = replace(subject_for(sandbox_url), overrides={"conflict_409": locked})
+    [report] = run_matrix(subject, [CASES_BY_NAME["conflict_409"]])
+    assert report.status == FAIL
+    assert report.case is locked
+    assert "execute answered rejected, not not_started or unknown" in report.problems
