@@ -1,15 +1,17 @@
-"""What the provider client costs per call: the CPU of N execute + lookup pairs, old and new.
+"""What the provider client costs per call: the CPU of N execute + lookup pairs, against the
+adapter module of another revision.
 
-    .venv/bin/python -m tests.benchmarks.http_cost --calls 400 --rounds 7
+    .venv/bin/python -m tests.benchmarks.http_cost --calls 400 --rounds 9
 
 It starts the sandbox provider as a child process (``manage.py run_sandbox_provider`` on a
 free loopback port), so the CPU read here (``time.process_time``: user + system of this
 process, one thread) is the client's alone. It loads the adapter module of a git revision
-(``--baseline``, default ``main``: ``git show REV:gateway/providers/http.py`` into a temporary
-module) beside the worktree's, and runs rounds that alternate which goes first, each round
-N calls of ``execute`` (a new key each) and N lookups by key through one adapter, with a
-warm-up call first (client, pool and connection made outside the measure). It prints each
-side's median CPU and wall milliseconds per call (an execute and its lookup) and the ratio.
+(``--baseline``; the default, ``c41cbd2``, holds a minimal client on the standard library's
+sockets and ``http.client`` parser) from ``git show REV:gateway/providers/http.py`` into a
+temporary module beside the worktree's, and runs rounds that alternate which goes first, each
+round N calls of ``execute`` (a new key each) and N lookups by key through one adapter, with
+a warm-up call first (client, pool and connection made outside the measure). It prints each
+side's median CPU and wall milliseconds per pair (an execute and its lookup) and the ratio.
 Nothing here is timed in a test: it is a measuring tool.
 """
 
@@ -104,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--baseline", default="main")
+    parser.add_argument("--baseline", default="c41cbd2")
     options = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
