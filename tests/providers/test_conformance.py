@@ -63,7 +63,7 @@ def subject_for(url: str, adapter=HttpProviderAdapter, driver=None) -> Subject:
         base_url=base_url,
         driver=driver or SandboxDriver(base_url),
         sample=SAMPLE,
-        timeout=0.5,
+        timeout=2.0,
     )
 
 
@@ -144,7 +144,7 @@ def provider_check(sandbox_url: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_provider_check_passes_the_sandbox(sandbox_url):
-    done = provider_check(sandbox_url, "--timeout", "0.5")
+    done = provider_check(sandbox_url, "--timeout", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split()[:2] for line in done.stdout.splitlines()[2:]]
     assert len(rows) == 12 and {result for _, result in rows} == {"PASS"}, done.stdout
@@ -152,9 +152,8 @@ def test_provider_check_passes_the_sandbox(sandbox_url):
 
 def test_provider_check_fails_a_broken_adapter_and_exits_1(sandbox_url):
     adapter = "tests.providers.conformance_adapters.TimeoutIsNotStarted"
-    done = provider_check(
-        sandbox_url, "--adapter", adapter, "--case", "timeout", "--case", "drop_after_commit"
-    )
+    cases = ["--case", "timeout", "--case", "drop_after_commit"]
+    done = provider_check(sandbox_url, "--adapter", adapter, "--timeout", "2", *cases)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()[2:]}
     assert rows == {"timeout": "FAIL", "drop_after_commit": "PASS"}
@@ -191,7 +190,7 @@ def test_a_team_suite_runs_the_matrix_with_the_plugin(tmp_path):
                         driver=SandboxDriver(base_url),
                         sample=Sample("ticket.create", {"type": "queue", "id": "q"},
                                       {"title": "a"}, {"title": "b"}),
-                        timeout=0.5,
+                        timeout=2.0,
                     )
             """
         )

@@ -37,7 +37,7 @@ ENDS = {
     Decision.REJECTED: ("REJECTED", 1),
     Decision.SEND_AGAIN: ("CONFIRMED", 2),
 }
-TIMEOUT = 1.0
+TIMEOUT = 2.0  # a loaded machine answers a normal call within it
 
 
 def through_the_gateway(effect: Effect, dispatch) -> Effect:
