@@ -479,6 +479,44 @@ GATEWAY_PROVIDER_KEEPALIVE = env_number(
     doc="Seconds a provider connection is kept alive between calls; 0: a new connection per call.",
 )
 
+GATEWAY_PROVIDER_POOL_SIZE = env_int(
+    "GATEWAY_PROVIDER_POOL_SIZE",
+    16,
+    doc="Connections per provider origin and worker process; a call beyond waits for one, "
+    "then is not sent (NOT_STARTED).",
+)
+# TLS to providers: the system's CA store unless a bundle (PEM) is named, which is then the
+# only one trusted; a client certificate (and its key, unless in the same file) for mTLS.
+# Proxies come from HTTPS_PROXY / HTTP_PROXY / NO_PROXY. Redirects are never followed.
+GATEWAY_PROVIDER_CA_BUNDLE = env_str(
+    "GATEWAY_PROVIDER_CA_BUNDLE",
+    "",
+    shown="the system's CA store",
+    doc="A PEM file of the only CAs trusted for provider TLS.",
+)
+GATEWAY_PROVIDER_CLIENT_CERT = env_str(
+    "GATEWAY_PROVIDER_CLIENT_CERT",
+    "",
+    shown="none",
+    doc="A client certificate (PEM) for providers that require mTLS; with its key unless "
+    "`GATEWAY_PROVIDER_CLIENT_KEY` names one.",
+)
+GATEWAY_PROVIDER_CLIENT_KEY = env_str(
+    "GATEWAY_PROVIDER_CLIENT_KEY",
+    "",
+    shown="none",
+    doc="The key of `GATEWAY_PROVIDER_CLIENT_CERT`, in a file of its own.",
+)
+for _name, _path in (
+    ("GATEWAY_PROVIDER_CA_BUNDLE", GATEWAY_PROVIDER_CA_BUNDLE),
+    ("GATEWAY_PROVIDER_CLIENT_CERT", GATEWAY_PROVIDER_CLIENT_CERT),
+    ("GATEWAY_PROVIDER_CLIENT_KEY", GATEWAY_PROVIDER_CLIENT_KEY),
+):
+    if _path and not Path(_path).is_file():
+        raise ImproperlyConfigured(f"{_name}: no file at {_path}")
+if GATEWAY_PROVIDER_CLIENT_KEY and not GATEWAY_PROVIDER_CLIENT_CERT:
+    raise ImproperlyConfigured("GATEWAY_PROVIDER_CLIENT_KEY is set without a CLIENT_CERT")
+
 env_section("Dispatch and recovery")
 GATEWAY_DISPATCH_LEASE = env_number(
     "GATEWAY_DISPATCH_LEASE",

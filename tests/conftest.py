@@ -18,6 +18,9 @@ from gateway.celery import app as celery_app
 from gateway.models import Principal
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
+# The conformance kit's plugin, as a team adds it (tests/providers/test_conformance.py).
+pytest_plugins = ["gateway.providers.conformance.pytest_plugin"]
+
 PROVIDER_NAMES = ("billing", "inventory", "shipping", "deploy", "tickets", "mail", "verify")
 
 # Tests that hold many database connections at once: twenty racing threads, or real worker

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.choices import Outcome
@@ -45,12 +46,23 @@ class CallResult:
     error: str = ""
     # The provider recorded something other than the command (digest, key reuse).
     mismatch: bool = False
+    # Seconds the provider asked to wait before the next call (``Retry-After`` of a 429 or
+    # 503), when it said.
+    retry_after: float | None = None
 
 
 class LookupStatus:
     FOUND = "found"
     NOT_FOUND = "not_found"
     UNREACHABLE = "unreachable"
+
+
+def not_found_proves_not_started(*, age: timedelta, key_retention: timedelta) -> bool:
+    """Whether a lookup by key that finds nothing proves the provider never received the
+    command: only while the provider still keeps keys as old as the command. Past its key
+    retention it may have executed the command and forgotten the key; sending again would
+    execute it twice. (The reconciler's rule; the conformance kit checks adapters by it.)"""
+    return age < key_retention
 
 
 @dataclass(frozen=True)

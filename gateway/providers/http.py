@@ -3,28 +3,38 @@
 The rule that matters: once a byte of the request may have left, a missing answer is UNKNOWN,
 never NOT_STARTED. Only a failure to connect proves the provider did not receive the command.
 
-The transport is the standard library's (``socket``, ``ssl``, ``http.client``'s parser): it
-writes with ``send`` and counts what the kernel accepted, so that a failure on a kept-alive
-connection says which of the two it was. httpx cost three times the CPU per call.
+The transport is urllib3 (v2): kept-alive pools per origin with a cap, proxies from the
+environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``), TLS verified against the system
+store or ``GATEWAY_PROVIDER_CA_BUNDLE``, a client certificate when one is configured, and
+never a retry or a redirect of its own. Its connection classes add two things the rule needs:
+a failure while connecting (DNS, refused, connect timeout, a proxy's tunnel, the TLS
+handshake) is raised as its own exception, and the request's bytes are counted as the kernel
+accepts them, so that a kept-alive connection the provider had closed says whether any of
+the request left on it.
 """
 
 from __future__ import annotations
 
+import email.utils
 import functools
-import http.client
 import json
 import os
-import select
-import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+import urllib3
 from django.conf import settings
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import EmptyPoolError, HTTPError, ReadTimeoutError
 
 from gateway.choices import Outcome
 from gateway.lib import jsonin
@@ -47,12 +57,11 @@ _STATUS_OUTCOME = {
 # 4xx answers that are transient, not refusals: timeout, too early, rate limited.
 _COME_BACK_LATER = frozenset({408, 425, 429})
 
-
-# Per host, per worker process; a prefork worker runs one task at a time, a threaded web
-# process a few. Beyond this many, a call waits for a connection (PoolTimeout: not sent).
-_MAX_CONNECTIONS = 16
 _CONNECT_TIMEOUT = 5.0
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Origins a process keeps pools for (providers and their proxies); past it the least recently
+# used pool is closed.
+_MAX_POOLS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,7 @@ class ProviderResponse:
 
     status_code: int
     content: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def json(self) -> Any:
         """The body, read by the gateway's strict reader (gateway.lib.jsonin): a value the
@@ -83,9 +93,10 @@ class PoolTimeout(Exception):
 
 class _NotSent(Exception):
     """No connection to write on: none free in time, or connecting failed (refused, timed out,
-    DNS, TLS handshake). Not a byte of the request was written."""
+    DNS, proxy tunnel, TLS handshake), or the request could not be written at all. Not a byte
+    of the request was written."""
 
-    def __init__(self, cause: Exception) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(cause)
         self.cause = cause
 
@@ -95,130 +106,186 @@ class _ExchangeFailed(Exception):
     been accepted by the kernel: the evidence that separates "nothing left this machine" from
     "it may have been received"."""
 
-    def __init__(self, cause: Exception, *, sent: int) -> None:
+    def __init__(self, cause: BaseException, *, sent: int) -> None:
         super().__init__(cause)
         self.cause, self.sent = cause, sent
+
+
+class _ConnectFailed(Exception):
+    """Raised by the connection classes instead of what connecting raised. It is none of the
+    exceptions urllib3 maps or retries, so it reaches the client as it is, after the pool
+    discarded the connection."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(cause)
+        self.cause = cause
 
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _readable(sock: socket.socket) -> bool:
-    """Whether an idle connection has something to read. A server that closed it left an EOF
-    (or a reset) there, and it answers no request of ours: either way it is done with it."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
+def _timed_out(exc: BaseException) -> bool:
+    """A read timeout, or a write that timed out (urllib3 wraps that one in ProtocolError)."""
+    if isinstance(exc, ReadTimeoutError | TimeoutError):
+        return True
+    return any(isinstance(arg, TimeoutError) for arg in exc.args)
 
 
-@dataclass(slots=True)
-class _Idle:
-    sock: socket.socket
-    since: float
+class _Exchange(threading.local):
+    """This thread's request in flight: the bytes of it the kernel accepted so far. A thread
+    sends one request at a time, and urllib3 does not say how far a failed write got."""
+
+    sent = 0
 
 
-class _Pool:
-    """Kept-alive connections to one origin (scheme, host, port), at most _MAX_CONNECTIONS open.
+_exchange = _Exchange()
 
-    A slot is held from taking a connection to giving it back; an idle connection holds none,
-    and a new one is opened only when no idle one is left, so idle and busy together stay
-    within the limit.
-    """
 
-    def __init__(self, client: _Client, scheme: str, host: str, port: int) -> None:
-        self._client = client
-        self.scheme, self.host, self.port = scheme, host, port
-        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
-        self._idle: list[_Idle] = []  # the most recently used last
-        self._lock = threading.Lock()
+class _Counting:
+    """What the gateway's connections add to urllib3's (a mixin for both schemes)."""
 
-    def take(self, timeout: float) -> socket.socket:
-        wait = min(timeout, _CONNECT_TIMEOUT)
-        if not self._slots.acquire(timeout=wait):
-            raise _NotSent(
-                PoolTimeout(f"no connection to {self.host}:{self.port} free within {wait:g}s")
-            )
+    keepalive: float = 5.0
+    _answered_at: float = 0.0
+
+    def connect(self) -> None:
         try:
-            return self._take_idle() or self._connect(timeout)
-        except BaseException:
-            self._slots.release()
-            raise
+            super().connect()  # type: ignore[misc]
+        except (OSError, HTTPError, ValueError) as exc:  # ValueError: IDNA, a bad certificate
+            # urllib3 wraps the socket's error (refused, DNS, timed out): that one says it.
+            cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+            raise _ConnectFailed(cause) from exc
+        _exchange.sent = 0  # a proxy's CONNECT is not the request
+        self._answered_at = time.monotonic()
 
-    def give_back(self, sock: socket.socket, *, reusable: bool) -> None:
-        if reusable and self._client.keepalive > 0:
-            with self._lock:
-                self._idle.append(_Idle(sock, time.monotonic()))
-        else:
-            sock.close()
-        self._slots.release()
+    _held: bytes | None = None
 
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.sock.close()
-
-    def _take_idle(self) -> socket.socket | None:
-        expired_before = time.monotonic() - self._client.keepalive
-        while True:
-            with self._lock:
-                while self._idle and self._idle[0].since <= expired_before:
-                    self._idle.pop(0).sock.close()
-                if not self._idle:
-                    return None
-                sock = self._idle.pop().sock
-            # The server may have closed it while it sat here (its own idle timeout). The
-            # close can still land between this check and the write: the byte count tells.
-            if not _readable(sock):
-                return sock
-            sock.close()
-
-    def _connect(self, timeout: float) -> socket.socket:
-        sock: socket.socket | None = None
+    def request(
+        self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any
+    ) -> None:
+        """A body of bytes leaves in one write with the head (urllib3 writes them apart: a
+        second system call and packet per request)."""
+        if not isinstance(body, bytes) or not body:
+            super().request(method, url, body=body, headers=headers, **options)  # type: ignore[misc]
+            return
+        self._held = b""
         try:
-            sock = socket.create_connection(
-                (self.host, self.port), timeout=min(timeout, _CONNECT_TIMEOUT)
-            )
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.scheme == "https":
-                sock = self._client.tls().wrap_socket(sock, server_hostname=self.host)
-        except (OSError, UnicodeError) as exc:  # refused, timed out, DNS, TLS handshake
-            if sock is not None:
-                sock.close()
-            raise _NotSent(exc) from exc
-        return sock
+            headers = {**(headers or {}), "Content-Length": str(len(body))}
+            super().request(method, url, body=None, headers=headers, **options)  # type: ignore[misc]
+            head = self._held
+        finally:
+            self._held = None
+        self.send(head + body)
+
+    def send(self, data: Any) -> None:
+        sock = self.sock  # type: ignore[attr-defined]
+        if sock is None:  # http.client opens a plain connection at the first write
+            self.connect()
+            sock = self.sock  # type: ignore[attr-defined]
+        if not isinstance(data, bytes | bytearray | memoryview):
+            super().send(data)  # type: ignore[misc]
+            return
+        if self._held is not None:
+            self._held += data
+            return
+        view = memoryview(data)
+        while view:
+            written = sock.send(view)
+            _exchange.sent += written
+            view = view[written:]
+
+    def getresponse(self) -> Any:
+        response = super().getresponse()  # type: ignore[misc]
+        self._answered_at = time.monotonic()
+        return response
+
+    @property
+    def is_connected(self) -> bool:
+        """False for a connection idle past the keep-alive: the pool opens a new one. The
+        liveness check below (a readable idle socket: the provider closed it) can still miss
+        a close that lands just after it; the byte count tells what that write proved."""
+        if time.monotonic() - self._answered_at > self.keepalive:
+            return False
+        return bool(super().is_connected)  # type: ignore[misc]
+
+
+class _Connection(_Counting, HTTPConnection):
+    pass
+
+
+class _TLSConnection(_Counting, HTTPSConnection):
+    pass
+
+
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TLSPool(HTTPSConnectionPool):
+    ConnectionCls = _TLSConnection
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """How one provider base URL is reached: a pool of direct connections (``pool``), or a
+    proxy's manager that is handed absolute URLs."""
+
+    url: _Url
+    pool: HTTPConnectionPool | None
+    manager: urllib3.PoolManager | None
 
 
 class _Client:
-    """Keep-alive HTTP/1.1 over the standard library: ``socket`` and ``ssl`` to connect,
-    ``http.client``'s parser for the answer (Content-Length or chunked).
+    """This process's outbound HTTP: urllib3 pools, one per origin, at most ``pool_size``
+    connections each (a call beyond waits for one, then gives up without sending)."""
 
-    The request is written with ``send``, counting what each call accepted, so that a failure
-    says whether any of it left. No proxy, no redirect, no content encoding.
-    """
-
-    def __init__(self, *, keepalive: float) -> None:
-        self.keepalive = keepalive
-        # Made on the first https connection; a test may set one that trusts its own CA.
-        self.ssl_context: ssl.SSLContext | None = None
-        self._pools: dict[tuple[str, str, int], _Pool] = {}
+    def __init__(
+        self,
+        *,
+        keepalive: float,
+        pool_size: int = 16,
+        ca_bundle: str = "",
+        client_cert: str = "",
+        client_key: str = "",
+    ) -> None:
+        self.keepalive, self.pool_size = keepalive, pool_size
+        self.ca_bundle, self.client_cert, self.client_key = ca_bundle, client_cert, client_key
+        self.proxies = urllib.request.getproxies()
+        self._managers: dict[tuple[str, str], urllib3.PoolManager] = {}
+        self._routes: dict[str, _Route] = {}
+        self._ssl_context: ssl.SSLContext | None = None
         self._lock = threading.Lock()
-        self._fixed_headers = f"User-Agent: {_user_agent()}\r\n" + (
-            "" if keepalive > 0 else "Connection: close\r\n"
-        )
+        self._fixed_headers = {"User-Agent": _user_agent()}
+        # One client per process (``_client``): its connections read the keep-alive here.
+        _Counting.keepalive = keepalive
+        if keepalive <= 0:
+            self._fixed_headers["Connection"] = "close"
 
     def tls(self) -> ssl.SSLContext:
-        with self._lock:
-            if self.ssl_context is None:
-                self.ssl_context = ssl.create_default_context()
-            return self.ssl_context
+        """The TLS context of every provider connection, made once (loading the CA store
+        costs tens of milliseconds of CPU): the system store, or the configured CA bundle
+        alone; the client certificate and key when configured."""
+        if self._ssl_context is None:
+            context = ssl.create_default_context(cafile=self.ca_bundle or None)
+            if self.client_cert:
+                context.load_cert_chain(self.client_cert, self.client_key or None)
+            self._ssl_context = context
+        return self._ssl_context
+
+    def proxy_for(self, url: _Url) -> str:
+        """The proxy of this URL from the environment, or "" when none or NO_PROXY says so."""
+        proxy = self.proxies.get(url.scheme, "")
+        if not proxy or urllib.request.proxy_bypass(url.host_header):  # reads NO_PROXY
+            return ""
+        return str(proxy)
 
     def close(self) -> None:
         with self._lock:
-            pools = list(self._pools.values())
-        for pool in pools:
-            pool.close()
+            managers = list(self._managers.values())
+            self._managers.clear()
+            self._routes.clear()
+        for manager in managers:
+            manager.clear()
 
     def request(
         self,
@@ -227,53 +294,86 @@ class _Client:
         path: str,
         *,
         headers: dict[str, str],
-        body: bytes = b"",
+        body: bytes | None = None,
         timeout: float,
     ) -> ProviderResponse:
         """One exchange. Raises _NotSent (nothing was written) or _ExchangeFailed."""
-        try:
-            url = _split(base_url)
-        except ValueError as exc:
-            raise _NotSent(exc) from exc
-        head = f"{method} {url.path}{path} HTTP/1.1\r\nHost: {url.host_header}\r\n"
-        head += self._fixed_headers
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\0" in value:
                 raise _NotSent(ValueError(f"{name} contains a line break or NUL"))
             if not value.isascii():  # a key accepted before keys were held to ASCII
                 raise _NotSent(ValueError(f"{name} is not ASCII: it cannot be sent as a header"))
-            head += f"{name}: {value}\r\n"
-        if method == "POST":
-            head += f"Content-Length: {len(body)}\r\n"
-        data = memoryview((head + "\r\n").encode("ascii") + body)
-
-        pool = self._pool(url)
-        sock = pool.take(timeout)
-        sent, reusable = 0, False
-        response: http.client.HTTPResponse | None = None
+        route = self._route(base_url)
+        target = route.url.path + path
+        wait = min(timeout, _CONNECT_TIMEOUT)
+        options: dict[str, Any] = {
+            "body": body,
+            "headers": {**self._fixed_headers, **headers},
+            "retries": False,  # the gateway decides what is sent again, after a lookup
+            "redirect": False,  # see classify_response: a 3xx is an answer, never followed
+            "timeout": urllib3.Timeout(connect=wait, read=timeout),
+            "pool_timeout": wait,
+        }
+        _exchange.sent = 0
         try:
-            sock.settimeout(timeout)
-            while sent < len(data):
-                sent += sock.send(data[sent:])
-            response = http.client.HTTPResponse(sock, method=method)
-            response.begin()
-            status, content = response.status, response.read()  # all of it, or it raises
-            reusable = not response.will_close  # Connection: close, HTTP/1.0, no length
-        except (OSError, http.client.HTTPException) as exc:
-            raise _ExchangeFailed(exc, sent=sent) from exc
-        finally:
-            if response is not None:
-                response.close()  # its file holds the socket open until it is closed
-            pool.give_back(sock, reusable=reusable)
-        return ProviderResponse(status, content)
+            if route.pool is not None:
+                answer = route.pool.urlopen(method, target, **options)
+            else:
+                assert route.manager is not None
+                answer = route.manager.urlopen(method, route.url.origin + target, **options)
+        except EmptyPoolError as exc:
+            raise _NotSent(
+                PoolTimeout(f"no connection to {route.url.host_header} free within {wait:g}s")
+            ) from exc
+        except _ConnectFailed as exc:
+            raise _NotSent(exc.cause) from exc
+        except (HTTPError, OSError) as exc:
+            raise _ExchangeFailed(exc, sent=_exchange.sent) from exc
+        return ProviderResponse(answer.status, answer.data, answer.headers)
 
-    def _pool(self, url: _Url) -> _Pool:
-        key = (url.scheme, url.host, url.port)
-        pool = self._pools.get(key)
-        if pool is None:
+    def _route(self, base_url: str) -> _Route:
+        route = self._routes.get(base_url)
+        if route is not None:
+            return route
+        try:
+            url = _split(base_url)
+            proxy = self.proxy_for(url)
             with self._lock:
-                pool = self._pools.setdefault(key, _Pool(self, *key))
-        return pool
+                manager = self._manager(url.scheme, proxy)
+            if proxy:
+                route = _Route(url, None, manager)
+            else:
+                route = _Route(url, manager.connection_from_url(url.origin), None)
+        except (OSError, ValueError, HTTPError) as exc:  # a bad URL, CA bundle, proxy
+            raise _NotSent(exc) from exc
+        self._routes[base_url] = route
+        return route
+
+    def _manager(self, scheme: str, proxy: str) -> urllib3.PoolManager:
+        """The manager of direct (``proxy`` "") or proxied connections of one scheme; https
+        ones carry the TLS context, so an http-only deployment never loads a CA store."""
+        manager = self._managers.get((scheme, proxy))
+        if manager is not None:
+            return manager
+        options: dict[str, Any] = {
+            "num_pools": _MAX_POOLS,
+            "maxsize": self.pool_size,
+            "block": True,  # never more than pool_size connections to one origin
+        }
+        if scheme == "https":
+            options["ssl_context"] = self.tls()
+        if proxy:
+            auth = urlsplit(proxy)
+            if auth.username:
+                options["proxy_headers"] = urllib3.make_headers(
+                    proxy_basic_auth=f"{auth.username}:{auth.password or ''}"
+                )
+            manager = urllib3.ProxyManager(proxy, **options)
+        else:
+            manager = urllib3.PoolManager(**options)
+        manager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        self._managers[(scheme, proxy)] = manager
+        return manager
 
 
 def _user_agent() -> str:
@@ -289,9 +389,8 @@ _clients_lock = threading.Lock()
 
 
 def _client() -> _Client:
-    """This process's provider client: one SSL context (loading the CA bundle costs tens of
-    milliseconds of CPU) and a pool of kept-alive connections, created after a fork, never
-    inherited from a parent's sockets."""
+    """This process's provider client: one TLS context and kept-alive pools, created after a
+    fork, never inherited from a parent's sockets."""
     pid = os.getpid()
     client = _clients.get(pid)
     if client is None:
@@ -299,8 +398,13 @@ def _client() -> _Client:
             client = _clients.get(pid)
             if client is None:
                 _clients.clear()  # a parent's client: its sockets belong to the parent
-                keepalive = float(getattr(settings, "GATEWAY_PROVIDER_KEEPALIVE", 5.0))
-                client = _Client(keepalive=keepalive)
+                client = _Client(
+                    keepalive=float(getattr(settings, "GATEWAY_PROVIDER_KEEPALIVE", 5.0)),
+                    pool_size=int(getattr(settings, "GATEWAY_PROVIDER_POOL_SIZE", 16)),
+                    ca_bundle=getattr(settings, "GATEWAY_PROVIDER_CA_BUNDLE", ""),
+                    client_cert=getattr(settings, "GATEWAY_PROVIDER_CLIENT_CERT", ""),
+                    client_key=getattr(settings, "GATEWAY_PROVIDER_CLIENT_KEY", ""),
+                )
                 _clients[pid] = client
     return client
 
@@ -314,6 +418,10 @@ class _Url:
     port: int
     host_header: str
     path: str
+
+    @property
+    def origin(self) -> str:
+        return f"{self.scheme}://{self.host_header}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -425,7 +533,10 @@ def classify_response(
             f"HTTP {code}: the provider asked to come back later",
             http_status=code,
             error=str(error),
+            retry_after=retry_after(response.headers.get("Retry-After")),
         )
+    if 300 <= code < 400:
+        return _redirected(response, error=str(error))
     if 400 <= code < 500:
         return CallResult(
             Outcome.REJECTED,
@@ -438,7 +549,41 @@ def classify_response(
         f"HTTP {code} after the request was sent",
         http_status=code,
         error=str(error),
+        retry_after=retry_after(response.headers.get("Retry-After")) if code == 503 else None,
     )
+
+
+def _redirected(response: ProviderResponse, *, error: str) -> CallResult:
+    """A 3xx: never followed, never a refusal. A 303 is how a server says "done, see there"
+    after a POST; a 307/308 asks for the same POST elsewhere (a place the configuration does
+    not name, which would get the key and the body). Neither says whether the effect
+    happened: a lookup by key does."""
+    code = response.status_code
+    where = response.headers.get("Location", "") or "(no Location)"
+    return CallResult(
+        Outcome.UNKNOWN,
+        f"HTTP {code}: the provider redirected to {where}; a redirect is never followed "
+        "and proves nothing about the effect",
+        http_status=code,
+        error=error,
+    )
+
+
+def retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header (a number of seconds or an HTTP date), or None
+    when there is none or it cannot be read."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 class HttpProviderAdapter:
@@ -486,7 +631,7 @@ class HttpProviderAdapter:
                     "the connection failed before any byte of the request was written",
                     error=_describe(exc.cause),
                 )
-            if isinstance(exc.cause, TimeoutError):
+            if _timed_out(exc.cause):
                 return CallResult(
                     Outcome.UNKNOWN,
                     "timed out after the request was sent",

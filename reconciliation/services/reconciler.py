@@ -17,7 +17,7 @@ from gateway.choices import OPERATOR_ROLES, TO_RECONCILE, Outcome
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import InvalidTransition, NotFound
 from gateway.models import Effect, Principal, Receipt
-from gateway.providers.base import CallResult, LookupResult
+from gateway.providers.base import CallResult, LookupResult, not_found_proves_not_started
 from gateway.providers.base import LookupStatus as ProviderLookupStatus
 from gateway.providers.http import classify_operation
 from gateway.providers.registry import adapter_for
@@ -159,7 +159,7 @@ def _judge(
             )
         age = now - command.created_at
         retention = contract.recovery.key_retention
-        if age >= retention:
+        if not not_found_proves_not_started(age=age, key_retention=retention):
             return _escalate(
                 effect,
                 count,

@@ -112,3 +112,17 @@ def test_malformed_contract_modules_stop_the_process(raw):
     done = _load_settings("settings.GATEWAY_CONTRACT_MODULES", GATEWAY_CONTRACT_MODULES=raw)
     assert done.returncode != 0
     assert "ImproperlyConfigured: GATEWAY_CONTRACT_MODULES" in done.stderr
+
+
+def test_a_provider_tls_file_that_is_not_there_stops_the_start_up(tmp_path):
+    missing = str(tmp_path / "nowhere.pem")
+    done = _load_settings("settings.GATEWAY_PROVIDER_CA_BUNDLE", GATEWAY_PROVIDER_CA_BUNDLE=missing)
+    assert done.returncode != 0
+    assert f"GATEWAY_PROVIDER_CA_BUNDLE: no file at {missing}" in done.stderr
+    key = tmp_path / "key.pem"
+    key.write_text("not used")
+    done = _load_settings(
+        "settings.GATEWAY_PROVIDER_CLIENT_KEY", GATEWAY_PROVIDER_CLIENT_KEY=str(key)
+    )
+    assert done.returncode != 0
+    assert "GATEWAY_PROVIDER_CLIENT_KEY is set without a CLIENT_CERT" in done.stderr

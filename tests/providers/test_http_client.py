@@ -1,12 +1,14 @@
-"""The provider client of a worker process: one client, kept-alive connections, and the rule
-that a request which may have left is UNKNOWN while one that provably did not is NOT_STARTED.
+"""The provider client of a worker process (urllib3 underneath): one client, kept-alive
+connections, and the rule that a request which may have left is UNKNOWN while one that
+provably did not is NOT_STARTED.
 
 The server here closes idle connections, as real providers and their load balancers do. The
-client checks a pooled connection before reusing it; the close can still land between that
+pool checks a kept-alive connection before reusing it; the close can still land between that
 check and the write. The tests open that window on purpose (the check is made to miss) and
 look at what each kind of close proves. The servers further down fail in the other ways a
 provider can (busy, refusing, hanging up, slow, cut off mid-write, chunked, ``Connection:
-close``, https), each with what it proves.
+close``, redirecting, rate limiting, https with and without a client certificate, behind a
+proxy), each with what it proves.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 import time
 
 import pytest
+import urllib3
 
 from gateway.choices import Outcome
 from gateway.providers import http as provider_http
@@ -151,7 +154,7 @@ def fresh_client(settings):
 def missed_check(monkeypatch):
     """The pool's liveness check of an idle connection misses the close (the close arrives
     just after it): the request is written on the closed connection."""
-    monkeypatch.setattr(provider_http, "_readable", lambda sock: False)
+    monkeypatch.setattr(urllib3.connectionpool, "is_connection_dropped", lambda conn: False)
 
 
 def test_one_client_per_process_keeps_its_connection(fresh_client):
@@ -515,9 +518,9 @@ def tls_server(certificate):
 
 
 def test_https_keeps_its_connection_with_a_trusted_certificate(
-    fresh_client, certificate, tls_server
+    fresh_client, certificate, tls_server, settings
 ):
-    provider_http._client().ssl_context = ssl.create_default_context(cafile=certificate[0])
+    settings.GATEWAY_PROVIDER_CA_BUNDLE = str(certificate[0])
     adapter = provider_http.HttpProviderAdapter(tls_server.url)
     first = adapter.execute(request("k1"))
     second = adapter.execute(request("k2"))
@@ -531,3 +534,169 @@ def test_https_to_an_untrusted_certificate_is_not_started(fresh_client, tls_serv
     assert result.outcome == Outcome.NOT_STARTED, result
     assert "CERTIFICATE_VERIFY_FAILED" in result.error
     assert tls_server.requests == []
+
+
+def test_https_with_a_client_certificate_when_the_provider_requires_one(
+    fresh_client, certificate, settings
+):
+    """mTLS: the provider trusts the client's certificate (here its own, self-signed)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(certificate[0])
+    server = IdleClosingServer(idle=5, reset=False, tls=context)
+    settings.GATEWAY_PROVIDER_CA_BUNDLE = str(certificate[0])
+    try:
+        settings.GATEWAY_PROVIDER_CLIENT_CERT = str(certificate[0])
+        settings.GATEWAY_PROVIDER_CLIENT_KEY = str(certificate[1])
+        provider_http._clients.clear()
+        with_cert = provider_http.HttpProviderAdapter(server.url).execute(request("k1"))
+        settings.GATEWAY_PROVIDER_CLIENT_CERT = settings.GATEWAY_PROVIDER_CLIENT_KEY = ""
+        provider_http._clients.clear()
+        without = provider_http.HttpProviderAdapter(server.url).execute(request("k2"))
+    finally:
+        server.stop()
+    assert with_cert.outcome == Outcome.CONFIRMED, with_cert
+    # TLS 1.3 refuses a missing certificate after the client's side of the handshake, when
+    # the request is already written: never CONFIRMED, and the provider never read it.
+    assert without.outcome in (Outcome.NOT_STARTED, Outcome.UNKNOWN), without
+    assert "certificate" in without.error.lower(), without.error
+    assert server.requests == ["k1"]
+
+
+class RedirectingServer(IdleClosingServer):
+    def answer(self, conn, body):
+        conn.sendall(
+            b"HTTP/1.1 303 See Other\r\nLocation: http://elsewhere.test/operations/op_9\r\n"
+            b"Content-Length: 0\r\n\r\n"
+        )
+        return True
+
+
+def test_a_redirect_is_not_followed_and_proves_nothing(fresh_client):
+    server = RedirectingServer(idle=5, reset=False)
+    try:
+        result = provider_http.HttpProviderAdapter(server.url).execute(request("k1"))
+    finally:
+        server.stop()
+    assert result.outcome == Outcome.UNKNOWN, result
+    assert result.http_status == 303
+    assert "http://elsewhere.test/operations/op_9" in result.reason
+    assert "never followed" in result.reason
+    assert server.requests == ["k1"]  # one request, to the configured URL only
+
+
+class RateLimitingServer(IdleClosingServer):
+    def answer(self, conn, body):
+        answer = b'{"error": "rate_limited"}'
+        conn.sendall(
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n"
+            + f"Content-Length: {len(answer)}\r\n\r\n".encode()
+            + answer
+        )
+        return True
+
+
+def test_a_429_is_unknown_with_the_wait_the_provider_asked_for(fresh_client):
+    server = RateLimitingServer(idle=5, reset=False)
+    try:
+        result = provider_http.HttpProviderAdapter(server.url).execute(request("k1"))
+    finally:
+        server.stop()
+    assert result.outcome == Outcome.UNKNOWN, result
+    assert (result.http_status, result.retry_after, result.error) == (429, 7.0, "rate_limited")
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    now = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+    assert provider_http.retry_after("120", now=now) == 120.0
+    assert provider_http.retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now=now) == 30.0
+    assert provider_http.retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now=now) == 0.0
+    assert provider_http.retry_after("soon", now=now) is None
+    assert provider_http.retry_after(None) is None
+
+
+# -- proxies ----------------------------------------------------------------------------------
+
+
+class TunnelRefusingProxy(IdleClosingServer):
+    """A proxy that refuses every CONNECT: the provider behind it is never reached."""
+
+    def _serve(self, conn):
+        self.heads.append(conn.recv(65536))
+        conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        conn.close()
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_a_plain_provider_is_reached_through_http_proxy(fresh_client, no_proxy_env):
+    proxy = IdleClosingServer(idle=5, reset=False)  # answers as the provider would
+    no_proxy_env.setenv("HTTP_PROXY", f"http://user:secret@127.0.0.1:{proxy.port}")
+    try:
+        result = provider_http.HttpProviderAdapter("http://provider.test/tickets").execute(
+            request("k1")
+        )
+    finally:
+        proxy.stop()
+    assert result.outcome == Outcome.CONFIRMED, result
+    line, *headers = proxy.heads[0].decode().split("\r\n")
+    assert line == "POST http://provider.test/tickets/operations HTTP/1.1"
+    fields = dict(h.split(": ", 1) for h in headers if ": " in h)
+    assert {k.lower(): v for k, v in fields.items()}["proxy-authorization"] == (
+        "Basic dXNlcjpzZWNyZXQ="  # user:secret, from the proxy URL
+    )
+
+
+def test_no_proxy_sends_straight_to_the_provider(fresh_client, no_proxy_env):
+    server = IdleClosingServer(idle=5, reset=False)
+    no_proxy_env.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    no_proxy_env.setenv("NO_PROXY", "127.0.0.1")
+    try:
+        result = provider_http.HttpProviderAdapter(server.url).execute(request("k1"))
+    finally:
+        server.stop()
+    assert result.outcome == Outcome.CONFIRMED, result
+    assert server.heads[0].startswith(b"POST /tickets/operations HTTP/1.1")
+
+
+def test_a_proxy_that_refuses_the_tunnel_is_not_started(fresh_client, no_proxy_env):
+    proxy = TunnelRefusingProxy(idle=5, reset=False)
+    no_proxy_env.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
+    try:
+        result = provider_http.HttpProviderAdapter("https://provider.test/tickets").execute(
+            request("k1")
+        )
+    finally:
+        proxy.stop()
+    assert result.outcome == Outcome.NOT_STARTED, result
+    assert "403" in result.error
+    assert proxy.heads[0].startswith(b"CONNECT provider.test:443 HTTP/1.1")
+
+
+def test_a_name_that_does_not_resolve_is_not_started(fresh_client, monkeypatch):
+    def no_such_name(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(urllib3.util.connection.socket, "getaddrinfo", no_such_name)
+    result = provider_http.HttpProviderAdapter("http://provider.invalid/tickets").execute(
+        request("k1")
+    )
+    assert result.outcome == Outcome.NOT_STARTED, result
+    assert result.error.startswith("gaierror"), result.error
+
+
+def test_a_configured_ca_bundle_replaces_the_system_store(fresh_client, settings, certificate):
+    """With a bundle, only its CAs are trusted: a provider with a publicly trusted
+    certificate would fail the handshake, so the bundle is the whole trust store."""
+    settings.GATEWAY_PROVIDER_CA_BUNDLE = str(certificate[0])
+    context = provider_http._client().tls()
+    assert [ca["subject"] for ca in context.get_ca_certs()] == [
+        ((("commonName", "provider.test"),),)
+    ]
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname

@@ -318,6 +318,36 @@ def test_processing_stays_for_n_lookups_then_succeeds(client, sandbox):
     assert sandbox.operations()[0]["status"] == "succeeded"
 
 
+def test_processing_can_end_failed(client, sandbox):
+    sandbox.add_fault("processing", lookups=1, then="failed")
+
+    created = post(client, "refund-1").json()
+    looked_up = [
+        client.get("/operations", params={"idempotency_key": "refund-1"}).json() for _ in range(2)
+    ]
+
+    assert created["status"] == "processing"
+    assert [op["status"] for op in looked_up] == ["processing", "failed"]
+    assert looked_up[1]["result"]["error"] == "operation_failed"
+    assert [op["status"] for op in sandbox.operations()] == ["failed"]
+    with pytest.raises(BadRequest, match=r"processing\.then"):
+        sandbox.add_fault("processing", then="done")
+
+
+def test_key_expired_forgets_the_key_not_the_operation(client, control, sandbox):
+    op = post(client, "refund-1").json()
+    control.post("/_faults", json={"fault": "key_expired", "times": None})
+
+    by_key = client.get("/operations", params={"idempotency_key": "refund-1"})
+    by_id = client.get(f"/operations/{op['id']}")
+
+    assert by_key.status_code == 404
+    assert by_id.status_code == 200 and by_id.json()["id"] == op["id"]
+    assert len(sandbox.operations(idempotency_key="refund-1")) == 1
+    assert sandbox.log()[1]["action"] == "lookup_miss"
+    assert sandbox.log()[1]["fault"] == "key_expired"
+
+
 def test_digest_mismatch_is_visible_in_response_and_lookup(client, sandbox):
     sandbox.add_fault("digest_mismatch")
     sent = body()

@@ -35,8 +35,12 @@ Fault semantics, decided here where the contract is silent:
   ``reject`` then answers its 4xx instead of committing.
 - ``lookup_unreachable`` applies to ``GET`` lookups, by key or id; its ``type`` filter
   matches the type of the operation looked up.
+- ``key_expired`` applies to lookups by key only: they answer 404 as a provider does once
+  its key retention has passed, while the operation is still there (by id, and in
+  ``/_operations``).
 - A ``processing`` operation answers ``processing`` to its next ``lookups`` lookups and
-  ``succeeded`` from the one after; replays and ``/_operations`` do not count as lookups.
+  ``then`` (``succeeded``, the default, or ``failed``) from the one after; replays and
+  ``/_operations`` do not count as lookups.
 """
 
 from gateway.providers.sandbox.provider import (

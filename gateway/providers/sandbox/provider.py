@@ -29,14 +29,15 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "commit_then_drop": {},
     "fail_before_commit": {},
     "slow": {"seconds": 15.0},
-    "processing": {"lookups": 2},
+    "processing": {"lookups": 2, "then": "succeeded"},
     "digest_mismatch": {"digest": None},
     "lookup_unreachable": {},
+    "key_expired": {},
     "reject": {"status": 400, "error": "business_rejected"},
     "fail": {"error": "operation_failed"},
 }
 FAULTS = frozenset(FAULT_PARAMS)
-_LOOKUP_FAULTS = frozenset({"lookup_unreachable"})
+_LOOKUP_FAULTS = frozenset({"lookup_unreachable", "key_expired"})
 _MISMATCHED_DIGEST = "sha256:" + "f" * 64
 
 _FILE_FORMAT = 1
@@ -414,15 +415,31 @@ class SandboxProvider:
                 )
                 self._persist()
                 return Reply(0, None, drop=True)
+            if "key_expired" in faults and not operation_id:
+                # Past its key retention a provider forgets the key, not the operation.
+                self._consume(faults["key_expired"], applied)
+                op = None
             if op is None:
-                self._append_log(provider, "lookup_miss", key=key, op_id=operation_id, status=404)
+                self._append_log(
+                    provider,
+                    "lookup_miss",
+                    key=key,
+                    op_id=operation_id,
+                    faults=applied,
+                    status=404,
+                )
                 self._persist()
                 return Reply(404, {"error": "not_found"})
             if op["status"] == PROCESSING:
                 if op["lookups_remaining"] > 0:
                     op["lookups_remaining"] -= 1
                 else:
-                    op["status"] = SUCCEEDED
+                    op["status"] = op.get("then", SUCCEEDED)
+                    if op["status"] == FAILED:
+                        op["result"] = {
+                            "error": "operation_failed",
+                            "detail": "the operation failed at the provider",
+                        }
             self._append_log(provider, "lookup", key=key, op_id=op["id"], type=op_type, status=200)
             self._persist()
             return Reply(200, _public(op))
@@ -439,7 +456,7 @@ class SandboxProvider:
         applied: list[str],
     ) -> dict[str, Any]:
         type_, resource, payload = request["type"], request["resource"], request["payload"]
-        status, lookups_remaining = SUCCEEDED, 0
+        status, lookups_remaining, then = SUCCEEDED, 0, SUCCEEDED
         result = _result_for(type_, resource, payload)
         recorded_digest = request["payload_digest"]
         if "fail" in faults:
@@ -449,6 +466,7 @@ class SandboxProvider:
         elif "processing" in faults:
             params = self._consume(faults["processing"], applied)
             status, lookups_remaining = PROCESSING, int(params["lookups"])
+            then = params["then"]
         if "digest_mismatch" in faults:
             params = self._consume(faults["digest_mismatch"], applied)
             recorded_digest = params["digest"] or _MISMATCHED_DIGEST
@@ -468,6 +486,7 @@ class SandboxProvider:
             "sent_payload_digest": request["payload_digest"],
             "body_digest": request["body_digest"],
             "lookups_remaining": lookups_remaining,
+            "then": then,
         }
         self._index(op)
         return op
@@ -589,6 +608,8 @@ def _check_params(fault: str, params: dict[str, Any]) -> None:
         number("seconds")
     elif fault == "processing":
         number("lookups", integer=True)
+        if params["then"] not in (SUCCEEDED, FAILED):
+            raise BadRequest("processing.then must be succeeded or failed")
     elif fault == "reject":
         status = params["status"]
         if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 499:

@@ -11,9 +11,8 @@ It speaks HTTP/1.1 with the standard library's ``http.client``, not httpx: it st
 agents, which run on machines of their own in a deployment, and on the bench's two cores every
 millisecond it spends is one the product does not get (the floor has no such client: its
 threads are its own callers). httpx cost 1.3 ms of CPU per request here against 0.4 ms for
-this; the process's CPU per submission is returned and printed beside the product's. The floor
-calls the provider with the same client, as the product's adapter is on the standard library
-too (gateway.providers.http). No Django here.
+this; the process's CPU per submission is returned and printed beside the product's. The strict
+floor calls the provider with the same client. No Django here.
 """
 
 from __future__ import annotations
