@@ -183,6 +183,7 @@ def _any_arg(programs: frozenset[str], predicate: Callable[[str], bool]) -> Call
 
 
 MAIL_PROGRAMS = frozenset({"sendmail", "mailx", "mutt", "msmtp", "ssmtp", "swaks", "neomutt"})
+_MAIL_SDKS = frozenset({"mail", "smtplib", "aiosmtplib", "sendgrid", "mailgun", "postmark"})
 
 
 def _mail(call: Call) -> bool:
@@ -265,7 +266,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         "Agents do not connect to production databases; ask an operator.",
         match=_any_arg(_PSQL, lambda arg: "prod" in arg.lower()),
         programs=_PSQL, samples=("db.prod.internal", "postgres://app@prod-db/shop"),
-        mentions=frozenset(),
+        mentions=_PSQL,
     ),
     Rule(
         "payment-api", "Bash", "", _REFUND,
@@ -284,7 +285,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         "mail", "Bash", "", _mcp("email.message.send"),
         "Email to customers is sent by the gateway (irreversible, audited).",
         match=_mail, programs=MAIL_PROGRAMS | {"mail"}, samples=("-s",),
-        mentions=MAIL_PROGRAMS | {"smtplib", "sendgrid", "mailgun", "postmark", "aiosmtplib"},
+        mentions=MAIL_PROGRAMS | _MAIL_SDKS,
     ),
     _verb_rule(
         "gh-release", _PROMOTE, "Releases are promoted through the gateway.",

@@ -22,7 +22,6 @@ reported as ``dynamic``: the hook refuses it rather than guess.
 
 from __future__ import annotations
 
-import codecs
 import io
 import re
 import shlex
@@ -91,6 +90,7 @@ CONTROL = frozenset(
 _OPENERS = frozenset({"if", "for", "while", "until", "case", "select", "function", "coproc", "{"})
 # Builtins that run a string or a file as shell in the current shell.
 EVALUATORS = frozenset({"eval", "source", ".", "trap"})
+_SHELL_TEXT = " \t\n;|&"
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 
 _PUNCTUATION = "();<>|&\n"
@@ -106,6 +106,17 @@ _REDIRECTIONS = frozenset({"<", ">", ">>", "&>", "&>>", "<&", ">&", "<>", ">|"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 _VARIABLE = re.compile(r"\$[A-Za-z_0-9@*#?$!{-]")
 _CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
+_ANSI_C = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|.)")
+_ANSI_C_SIMPLE = {
+    "a": "\a",
+    "b": "\b",
+    "e": "\x1b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+}
 _BRACE = re.compile(r"([^{}]*)\{([^{}]*,[^{}]*)\}([^{}]*)")
 
 
@@ -397,13 +408,9 @@ def _program_word(word: Token, reading: _Reading) -> tuple[list[str], bool]:
     """The command word as the words it becomes (brace expansion makes several), and
     whether it is a glob pattern."""
     live = word.live
-    value = word.value
+    value = _value(word)
     if "$'" in live:
         reading.note(f"ANSI-C quoting in the command word {word.raw[:40]!r}")
-        try:
-            value = codecs.decode(value.replace("$", ""), "unicode_escape")
-        except UnicodeDecodeError:
-            value = value.replace("$", "")
     brace = _BRACE.fullmatch(value) if "{" in live and "}" in live else None
     if brace is not None:
         reading.note(f"brace expansion in the command word {word.raw[:40]!r}")
@@ -417,9 +424,33 @@ def _program_word(word: Token, reading: _Reading) -> tuple[list[str], bool]:
     return [value], glob
 
 
+def _value(word: Token) -> str:
+    """The word's value, with ``$'…'`` (ANSI-C quoting, which shlex reads as ``$`` and the
+    quoted text) decoded the way the shell decodes it, near enough to compare names."""
+    if "$'" not in word.live:
+        return word.value
+    return _ANSI_C.sub(_ansi_c_char, word.value.replace("$", ""))
+
+
+def _ansi_c_char(match: re.Match[str]) -> str:
+    code = match.group(1)
+    if code[0] in "xuU":
+        return chr(min(int(code[1:], 16), 0x10FFFF))
+    if code[0].isdigit():
+        return chr(int(code, 8))
+    return _ANSI_C_SIMPLE.get(code, code)
+
+
 def _computed(word: Token) -> bool:
     live = word.live
     return ("$" in live and "$'" not in live) or "`" in live
+
+
+def _as_shell_text(value: str) -> str:
+    """A word's value read again as shell. ``shlex`` keeps the backslash of ``\\$`` and
+    ``\\``` inside double quotes, where the shell drops it; reading both as live errs
+    on the side of finding a substitution (in single quotes they were literal)."""
+    return value.replace("\\$", "$").replace("\\`", "`")
 
 
 def _shell(name: str, args: list[str], simple: _Simple, reading: _Reading) -> None:
@@ -427,13 +458,13 @@ def _shell(name: str, args: list[str], simple: _Simple, reading: _Reading) -> No
     for position, arg in enumerate(args):
         if arg.startswith("-") and not arg.startswith("--") and "c" in arg[1:]:
             if position + 1 < len(args):
-                reading.nested.append(args[position + 1])
+                reading.nested.append(_as_shell_text(args[position + 1]))
             return
     if any(not arg.startswith("-") for arg in args) and "-s" not in args:
         return  # a script file: it runs like any program
     if simple.has_stdin_text:
         reading.note(f"a here-document or here-string into {name}")
-        reading.nested.append(simple.stdin_text)
+        reading.nested.append(_as_shell_text(simple.stdin_text))
     elif simple.after_pipe:
         reading.note(f"text piped into {name}: what it runs is known only then")
 
@@ -472,12 +503,14 @@ def _skip_wrapper(name: str, words: list[Token], index: int, reading: _Reading) 
     while index < len(words):
         text = words[index].value
         if name == "env" and text in ("-S", "--split-string") and index + 1 < len(words):
-            reading.nested.append(" ".join(word.value for word in words[index + 1 :]))
+            reading.nested.append(_as_shell_text(" ".join(w.value for w in words[index + 1 :])))
             return len(words)
+        if any(char in text for char in _SHELL_TEXT):
+            break  # a command line in one word: watch and the like run it with sh -c
         if text.startswith("-") and text != "-":
             index += 2 if text in takes_value else 1
-        elif name == "env" and _ASSIGNMENT.match(text):
-            index += 1
+        elif _ASSIGNMENT.match(text):
+            index += 1  # env and sudo take NAME=value before the program
         elif positionals:
             positionals -= 1
             index += 1
@@ -517,9 +550,9 @@ def _run_by(name: str, args: list[str], simple: _Simple, reading: _Reading) -> s
         what = "a file's commands" if name in ("source", ".") else "its arguments as shell"
         reading.note(f"{name} runs {what} in this shell")
         if name == "eval":
-            reading.nested.append(" ".join(args))
+            reading.nested.append(_as_shell_text(" ".join(args)))
         elif name == "trap" and args:
-            reading.nested.append(args[0])
+            reading.nested.append(_as_shell_text(args[0]))
     elif name == "find":
         for run in _find_exec(args, reading):
             reading.nested.append(" ".join(shlex.quote(word) for word in run))
@@ -548,9 +581,10 @@ def _unwrap(words: list[Token], simple: _Simple, reading: _Reading) -> SimpleCom
             index = _skip_wrapper(name, words, index + 1, reading)
             wrapped = True
             continue
-        args = [w.value for w in words[index + 1 :]]
-        if wrapped and any(char in word.value for char in " \t\n;|&"):
-            reading.nested.append(" ".join([word.value, *args]))  # watch/su run it with sh -c
+        args = [_value(w) for w in words[index + 1 :]]
+        if wrapped and any(char in word.value for char in _SHELL_TEXT):
+            # watch and the like run it with sh -c
+            reading.nested.append(_as_shell_text(" ".join([word.value, *args])))
             return None
         script = _run_by(name, args, simple, reading)
         return SimpleCommand(
