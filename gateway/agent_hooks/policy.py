@@ -367,7 +367,7 @@ def _unknowable(call: Call) -> str:
         return TOO_DEEP_REASON
     for command in call.commands:
         if command.dynamic:
-            return DYNAMIC_REASON.format(program=command.raw_program)
+            return DYNAMIC_REASON.format(program=command.raw_program[:60])
     return ""
 
 

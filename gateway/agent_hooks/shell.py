@@ -33,6 +33,7 @@ MAX_NESTING = 6
 # What one line may cost across all its nesting levels, as a multiple of its own length: a
 # line whose nested texts overlap more than this is refused as too deep (it is not plain).
 WORK_FACTOR = 8
+MAX_REASONS = 8
 
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "busybox", "su"})
 # Interpreters and the options that give them their program as a string.
@@ -256,7 +257,8 @@ class _Reading:
     unknown: list[str] = field(default_factory=list)
 
     def note(self, reason: str) -> None:
-        if reason not in self.unknown:
+        # A handful of reasons tells a human enough; the cap keeps a crafted line linear.
+        if len(self.unknown) < MAX_REASONS and reason not in self.unknown:
             self.unknown.append(reason)
 
 
@@ -286,6 +288,8 @@ def _open_paren(previous: Token | None, current: _Simple, paren: Token, reading:
         reading.note("process substitution <(…)/>(…): what it runs is read only then")
     elif touching and previous is not None and not previous.operator and previous.live[-1:] == "$":
         reading.note("command substitution $(…): its output is known only when it runs")
+    elif touching and previous is not None and previous.value.endswith("="):
+        pass  # an array assignment, ``a=(x y)``: its words are data
     elif len(current.words) == 1:
         reading.note(f"a function definition ({current.words[0].value}() …)")
     else:
@@ -398,8 +402,10 @@ def _command_position(words: list[Token], reading: _Reading) -> int:
         if raw in CONTROL:
             if raw in _OPENERS:
                 reading.note(f"control flow ({raw} …): what runs is decided only when it runs")
-        elif not (raw == "!" or _ASSIGNMENT.match(raw)):
-            break
+        elif raw == "-p" and index and words[index - 1].raw == "time":
+            pass  # the ``time`` keyword's one option
+        elif not (raw in ("!", "time") or _ASSIGNMENT.match(raw)):
+            break  # ``!`` and ``time`` are keywords before any pipeline, compound ones too
         index += 1
     return index
 
@@ -416,7 +422,7 @@ def _program_word(word: Token, reading: _Reading) -> tuple[list[str], bool]:
         reading.note(f"brace expansion in the command word {word.raw[:40]!r}")
         prefix, middle, suffix = brace.groups()
         return [f"{prefix}{part}{suffix}" for part in middle.split(",")], False
-    glob = any(char in live for char in "*?[")
+    glob = value not in ("[", "[[") and any(char in live for char in "*?[")  # ``[`` is test
     if glob:
         reading.note(
             f"a pattern in the command word {word.raw[:40]!r}: the file it runs is found then"
@@ -434,7 +440,7 @@ def _value(word: Token) -> str:
 
 def _ansi_c_char(match: re.Match[str]) -> str:
     code = match.group(1)
-    if code[0] in "xuU":
+    if code[0] in "xuU" and len(code) > 1:
         return chr(min(int(code[1:], 16), 0x10FFFF))
     if code[0].isdigit():
         return chr(int(code, 8))
@@ -505,8 +511,12 @@ def _skip_wrapper(name: str, words: list[Token], index: int, reading: _Reading) 
         if name == "env" and text in ("-S", "--split-string") and index + 1 < len(words):
             reading.nested.append(_as_shell_text(" ".join(w.value for w in words[index + 1 :])))
             return len(words)
+        if name == "watch" and not text.startswith("-"):
+            # watch joins its arguments and runs them with sh -c: they are shell text
+            reading.nested.append(_as_shell_text(" ".join(w.value for w in words[index:])))
+            return len(words)
         if any(char in text for char in _SHELL_TEXT):
-            break  # a command line in one word: watch and the like run it with sh -c
+            break  # a command line in one word: read again as shell (below)
         if text.startswith("-") and text != "-":
             index += 2 if text in takes_value else 1
         elif _ASSIGNMENT.match(text):
@@ -617,7 +627,9 @@ def parse(text: str) -> Parsed:
                 command = _unwrap(simple.words, simple, reading)
                 if command is not None:
                     commands.append(command)
-            unknown.extend(reason for reason in reading.unknown if reason not in unknown)
+            unknown.extend(
+                r for r in reading.unknown if r not in unknown and len(unknown) < MAX_REASONS
+            )
             deeper.extend(reading.nested)
         if not deeper:
             return Parsed(tuple(commands), tuple(unknown))

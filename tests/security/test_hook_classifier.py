@@ -178,6 +178,8 @@ SAFE = [
     "kubectl get pods -n shop", "helm list", "terraform plan", "gh pr list",
     "psql -h localhost -c 'select 1'", "curl -s https://example.com", "head -n 5 x.log",
     "python -c 'print(1)'", "wc -l src/*.py", "cd src", "git commit -m 'fix: a typo'",
+    "[ -f README.md ] && cat README.md", "test -d src", "npm run build 2>&1 | tail -20",
+    "ls -la > /tmp/listing.txt", "git log --oneline | head -5", "files=(a b)",
 ]  # fmt: skip
 
 
