@@ -105,7 +105,6 @@ _SEPARATORS = frozenset({";", "&", "&&", "||", "\n", ";;", ";&", ")"})
 _PIPES = frozenset({"|", "|&"})
 _REDIRECTIONS = frozenset({"<", ">", ">>", "&>", "&>>", "<&", ">&", "<>", ">|"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
-_VARIABLE = re.compile(r"\$[A-Za-z_0-9@*#?$!{-]")
 _CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
 _ANSI_C = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|.)")
 _ANSI_C_SIMPLE = {
@@ -448,14 +447,16 @@ def _ansi_c_char(match: re.Match[str]) -> str:
 
 
 def _computed(word: Token) -> bool:
-    live = word.live
-    return ("$" in live and "$'" not in live) or "`" in live
+    """Whether the shell computes the word when it runs: ``$`` (other than ``$'…'``, which
+    is quoting) or a backtick outside single quotes."""
+    live = word.live.replace("$'", "'")
+    return "$" in live or "`" in live
 
 
 def _as_shell_text(value: str) -> str:
-    """A word's value read again as shell. ``shlex`` keeps the backslash of ``\\$`` and
-    ``\\``` inside double quotes, where the shell drops it; reading both as live errs
-    on the side of finding a substitution (in single quotes they were literal)."""
+    """A word's value read again as shell. Inside double quotes shlex keeps the backslash
+    before a dollar sign or a backtick, where the shell drops it; dropping it everywhere errs
+    on the side of finding a substitution (in single quotes the backslash was literal)."""
     return value.replace("\\$", "$").replace("\\`", "`")
 
 

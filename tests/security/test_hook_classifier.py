@@ -165,7 +165,7 @@ def wrapped(draw) -> str:
     return command
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(wrapped())
 def test_no_spelling_of_a_governed_command_is_allowed_or_undecided(command):
     assert answer(command) in ("deny", "ask"), command
@@ -249,7 +249,7 @@ WORDS = st.lists(PIECES, min_size=1, max_size=3).map("".join)
 GAPS = st.sampled_from([" ", "  ", "\t", ";", " && ", " | ", "\n", " ( ", " ) ", " > ", " 2>&1 "])
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(st.lists(st.tuples(WORDS, GAPS), min_size=1, max_size=6))
 def test_the_reader_takes_shlex_words_and_their_exact_source(parts):
     text = "".join(word + gap for word, gap in parts)
@@ -271,7 +271,7 @@ def test_the_reader_takes_shlex_words_and_their_exact_source(parts):
             assert shlex.split(token.raw) == [token.value]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["plain", "single", "double"]), PIECES), max_size=4))
 def test_live_characters_are_those_outside_single_quotes(parts):
     """``$`` in a word is live exactly when it stands outside single quotes, unescaped."""

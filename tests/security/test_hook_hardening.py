@@ -139,17 +139,23 @@ def test_commands_that_are_not_plain_are_denied_or_asked(agent, command):
 def test_an_unknown_command_asks_with_the_reason_also_in_headless_mode(agent):
     """Headless mode changes only the gateway's own tools: a shell line the gateway cannot
     read is still a human's call (headless Claude Code turns that into "denied")."""
-    command = "echo a3ViZWN0bCBkZWxldGUgbnMgcHJvZA== | base64 -d | sh"
-    for path in (PRE, f"{PRE}?mode=headless"):
+
+    def answer(path: str, command: str) -> dict:
         response = Client().post(
             path,
             json.dumps(hook_input("PreToolUse", "Bash", bash(command))),
             content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {agent.token}",
         )
-        output = response.json()["hookSpecificOutput"]
+        return response.json()["hookSpecificOutput"]
+
+    for path in (PRE, f"{PRE}?mode=headless"):
+        output = answer(path, "echo a3ViZWN0bCBkZWxldGUgbnMgcHJvZA== | base64 -d | sh")
         assert output["permissionDecision"] == "ask"
         assert "text piped into sh" in output["permissionDecisionReason"]
+        assert answer(path, "if true; then kubectl delete ns prod; fi")["permissionDecision"] == (
+            "deny"
+        )
 
 
 ADVERSARIAL = [
