@@ -1,9 +1,11 @@
 """What the gateway says about one tool call of a Claude Code agent.
 
-Three kinds of call:
+Four kinds of call:
 
 * a raw call to a governed system (``kubectl apply``, ``curl https://api.stripe.com/…``,
-  ``sendmail``): **deny**, naming the gateway tool to use instead;
+  ``sendmail``), wherever it stands in the line (inside ``if``, ``bash -c``, ``$(…)``…):
+  **deny**, naming the gateway tool to use instead; a command whose program name is computed
+  when it runs (``$TOOL``, ``$(echo kube)ctl``) is denied too;
 * a call of one of the gateway's own MCP tools (``mcp__effect-gateway__…``): **ask** when the
   contract needs a human approver for that payload (with the console link), else **allow** —
   the gateway itself validates, deduplicates and audits it;
