@@ -35,7 +35,9 @@ MAX_NESTING = 6
 WORK_FACTOR = 8
 MAX_REASONS = 8
 
-SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "busybox", "su"})
+SHELLS = frozenset(
+    {"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "busybox", "su", "script"}
+)
 # Interpreters and the options that give them their program as a string.
 INTERPRETERS: dict[str, frozenset[str]] = {
     "python": frozenset({"-c"}),
@@ -80,9 +82,41 @@ WRAPPERS: dict[str, frozenset[str]] = {
     "ltrace": frozenset({"-e", "-o", "-p", "-s", "-u"}),
     "caffeinate": frozenset({"-t", "-w"}),
     "flock": frozenset({"-w", "-E", "--timeout"}),
+    "chroot": frozenset({"--userspec", "--groups"}),
+    "runuser": frozenset({"-u", "-g", "-G", "--user", "--group"}),
+    "parallel": frozenset({"-j", "--jobs", "-S", "-a", "--arg-file", "-d", "-I", "-n", "-N"}),
+    "ssh": frozenset(
+        {
+            "-b",
+            "-c",
+            "-D",
+            "-E",
+            "-e",
+            "-F",
+            "-I",
+            "-i",
+            "-J",
+            "-L",
+            "-l",
+            "-m",
+            "-O",
+            "-o",
+            "-p",
+            "-Q",
+            "-R",
+            "-S",
+            "-W",
+            "-w",
+        }
+    ),
 }
 # Wrappers whose first positional argument is theirs, not the program (timeout's duration).
-_WRAPPER_POSITIONALS = {"timeout": 1, "flock": 1}
+_WRAPPER_POSITIONALS = {"timeout": 1, "flock": 1, "chroot": 1, "ssh": 1}
+# Wrappers that join their arguments and hand them to a shell (``watch``; ``ssh`` on the
+# remote host): what follows their options is shell text.
+_VIA_SHELL = frozenset({"watch", "ssh"})
+# Wrappers that take (part of) the command line from their input.
+_FROM_INPUT = frozenset({"xargs", "parallel"})
 # Reserved words that open or continue a compound command when they stand as a command word.
 CONTROL = frozenset(
     {"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
@@ -90,7 +124,7 @@ CONTROL = frozenset(
 )  # fmt: skip
 _OPENERS = frozenset({"if", "for", "while", "until", "case", "select", "function", "coproc", "{"})
 # Builtins that run a string or a file as shell in the current shell.
-EVALUATORS = frozenset({"eval", "source", ".", "trap"})
+EVALUATORS = frozenset({"eval", "source", ".", "trap", "alias"})
 _SHELL_TEXT = " \t\n;|&"
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 
@@ -505,15 +539,14 @@ def _skip_wrapper(name: str, words: list[Token], index: int, reading: _Reading) 
     """Index of the program a wrapper runs (``sudo -u x kubectl``), after its options."""
     takes_value = WRAPPERS[name]
     positionals = _WRAPPER_POSITIONALS.get(name, 0)
-    if name == "xargs":
-        reading.note("xargs builds its command line from its input")
+    if name in _FROM_INPUT:
+        reading.note(f"{name} builds its command line from its input")
     while index < len(words):
         text = words[index].value
         if name == "env" and text in ("-S", "--split-string") and index + 1 < len(words):
             reading.nested.append(_as_shell_text(" ".join(w.value for w in words[index + 1 :])))
             return len(words)
-        if name == "watch" and not text.startswith("-"):
-            # watch joins its arguments and runs them with sh -c: they are shell text
+        if name in _VIA_SHELL and not text.startswith("-") and not positionals:
             reading.nested.append(_as_shell_text(" ".join(w.value for w in words[index:])))
             return len(words)
         if any(char in text for char in _SHELL_TEXT):
@@ -560,7 +593,9 @@ def _run_by(name: str, args: list[str], simple: _Simple, reading: _Reading) -> s
     elif name in EVALUATORS:
         what = "a file's commands" if name in ("source", ".") else "its arguments as shell"
         reading.note(f"{name} runs {what} in this shell")
-        if name == "eval":
+        if name == "alias":
+            reading.nested.extend(arg.partition("=")[2] for arg in args)
+        elif name == "eval":
             reading.nested.append(_as_shell_text(" ".join(args)))
         elif name == "trap" and args:
             reading.nested.append(_as_shell_text(args[0]))

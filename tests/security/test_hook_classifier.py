@@ -110,6 +110,7 @@ WRAPPINGS = [
     "bash <<< {q}", "bash <<'EOF'\n{x}\nEOF", "sh <<EOF\n{x}\nEOF", "echo {q} | bash",
     "printf '%s' {q} | sh", "echo {b64} | base64 -d | sh", "source <(echo {q})",
     ". <(echo {q})", "C={q}; eval \"$C\"", "watch -n 1 {q}", "trap {q} EXIT", "su -c {q}",
+    "ssh bastion {q}", "script -q -c {q} /dev/null", "flock /tmp/lock -c {q}", "alias k={q}; k",
     # Substitutions.
     "echo $({x})", "echo \"$({x})\"", "echo `{x}`", "V=$({x})", "cat <({x})", "tee >({x})",
     "diff <({x}) f",
@@ -121,7 +122,8 @@ PREFIXES = [
     "A=1 {x}", "env {x}", "env A=1 {x}", "sudo {x}", "sudo -u root {x}", "nohup {x}",
     "timeout 30 {x}", "nice -n 5 {x}", "command {x}", "exec {x}", "stdbuf -oL {x}",
     "echo | xargs {x}", "find . -exec {x} \\;", "find . -execdir {x} {{}} +",
-    "find . -ok {x} \\;",
+    "find . -ok {x} \\;", "chroot /srv {x}", "parallel {x} ::: a", "ssh -p 22 bastion {x}",
+    "runuser -u deploy -- {x}", "flock /tmp/lock {x}",
 ]  # fmt: skip
 
 
