@@ -243,8 +243,10 @@ class Lexer:
         raw = self.text[start:end]
         stripped = raw.lstrip(" \t\r")
         start += len(raw) - len(stripped)
-        if stripped[-1:] in (" ", "\t", "\r") and not stripped[:-1].endswith("\\"):
-            stripped = stripped[:-1]  # the blank that ended the word
+        body = stripped[:-1]
+        escaped = (len(body) - len(body.rstrip("\\"))) % 2 == 1
+        if stripped[-1:] in (" ", "\t", "\r") and not escaped:
+            stripped = body  # the blank that ended the word
         token = Token(value, stripped, start, start + len(stripped))
         if stripped[:1] in _PUNCTUATION and stripped:
             return Token(value, stripped, token.start, token.end, operator=True)

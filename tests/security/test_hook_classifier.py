@@ -242,10 +242,10 @@ def test_quoted_text_and_heredoc_bodies_are_data(command):
 # --- The reader against shlex ----------------------------------------------------------------
 
 PIECES = st.one_of(
-    st.text(alphabet="abck-_./=:$*?{},", min_size=1, max_size=5),
+    st.text(alphabet="abck-_./=:$*?{},é€", min_size=1, max_size=5),
     st.text(alphabet='ab $`;|&()<>\\"', max_size=5).map(lambda s: "'" + s + "'"),
     st.text(alphabet="ab $;|&()<>'", max_size=5).map(lambda s: '"' + s + '"'),
-    st.sampled_from(["\\;", "\\ ", "\\'", '\\"', "\\$", "\\\\"]),
+    st.sampled_from(["\\;", "\\ ", "\\'", '\\"', "\\$", "\\\\", "\\\\ "]),
 )
 WORDS = st.lists(PIECES, min_size=1, max_size=3).map("".join)
 GAPS = st.sampled_from([" ", "  ", "\t", ";", " && ", " | ", "\n", " ( ", " ) ", " > ", " 2>&1 "])
@@ -265,8 +265,13 @@ def test_the_reader_takes_shlex_words_and_their_exact_source(parts):
         return  # not shell (an unclosed quote): the classifier asks, tested above
     tokens = list(shell.Lexer(text))
     assert [token.value for token in tokens] == expected
+    end = 0
     for token in tokens:
         assert text[token.start : token.end] == token.raw
+        assert token.start >= end and not text[end : token.start].strip(" \t")
+        end = token.end
+        # A word's source ends at its last character: the blank after it is not part of it.
+        assert shlex.split(token.raw + "x") == [token.value + "x"] or token.operator
         if token.operator:
             assert token.raw == token.value
         else:
