@@ -1,12 +1,19 @@
 """What the gateway says about one tool call of a Claude Code agent.
 
-Three kinds of call:
+Four kinds of call:
 
 * a raw call to a governed system (``kubectl apply``, ``curl https://api.stripe.com/…``,
-  ``sendmail``): **deny**, naming the gateway tool to use instead;
+  ``sendmail``), wherever it stands in the line (inside ``if``, ``bash -c``, ``$(…)``…):
+  **deny**, naming the gateway tool to use instead; a command whose program name is computed
+  when it runs (``$TOOL``, ``$(echo kube)ctl``) is denied too;
 * a call of one of the gateway's own MCP tools (``mcp__effect-gateway__…``): **ask** when the
   contract needs a human approver for that payload (with the console link), else **allow** —
   the gateway itself validates, deduplicates and audits it;
+* a Bash command that is not a plain sequence of simple commands (control flow, functions,
+  ``eval``/``source``, substitutions, here-documents into a shell, a pattern or braces in a
+  command word, ``find -exec``, ``xargs``, an interpreter whose ``-c`` code names a governed
+  tool or SDK — gateway.agent_hooks.shell lists them): **ask**, with the reason. What such
+  a line runs is decided only when it runs, so an unknown shell line is a human's call;
 * anything else: **no decision**, so Claude Code's own permission rules apply. Answering
   "allow" there would switch off the user's prompts for every shell command.
 
@@ -16,8 +23,10 @@ Pure functions over plain data; the view does the I/O (auth, tenant patterns, li
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +39,8 @@ MCP_SERVER = "effect-gateway"
 # A command is a line or two; a hook input beyond this is not matched at all (the view asks a
 # human instead). With the tokeniser below the work is linear anyway; the cap bounds it.
 MAX_SUBJECT = 8 * 1024
+# A command word longer than this is not matched as a pattern against program names.
+MAX_PATTERN = 64
 
 
 @dataclass(frozen=True)
@@ -42,12 +53,18 @@ class Call:
     host: str = ""
     texts: tuple[str, ...] = ()
     too_deep: bool = False
+    unknown: tuple[str, ...] = ()  # why the command is not a plain sequence of simple commands
 
 
 @dataclass(frozen=True)
 class Rule:
     """A governed call: built in (``match`` over the parsed call, no regex) or a tenant's
-    ``GovernedPattern`` row (``regex``, searched in each simple command / the URL)."""
+    ``GovernedPattern`` row (``regex``, searched in each simple command / the URL).
+
+    A built-in rule also says, as data, what it governs: ``programs``, the ``verbs`` that
+    change something (``*`` is any word) or ``samples`` of arguments that make a call
+    governed, and the words (``mentions``) whose appearance in an interpreter's code means
+    the code may reach the same system. The hook and its tests read these, not copies."""
 
     name: str
     tools: str
@@ -56,6 +73,10 @@ class Rule:
     reason: str
     enabled: bool = True
     match: Callable[[Call], bool] | None = field(default=None, compare=False)
+    programs: frozenset[str] = frozenset()
+    verbs: tuple[tuple[str, ...], ...] = ()
+    samples: tuple[str, ...] = ()
+    mentions: frozenset[str] = frozenset()
 
     def matches(self, call: Call) -> bool:
         if self.match is not None:
@@ -68,6 +89,21 @@ class Rule:
             )
         except patterns.PatternError:
             return False  # validated on save; a bad row must not take the hook down
+
+    def runs(self, command: shell.SimpleCommand) -> bool:
+        return _runs(self.programs, command)
+
+
+def _runs(programs: frozenset[str], command: shell.SimpleCommand) -> bool:
+    """Whether ``command`` runs one of ``programs`` (a pattern matching one counts:
+    ``/usr/local/bin/kube*l`` is kubectl)."""
+    if command.program in programs:
+        return True
+    return (
+        command.glob
+        and len(command.program) <= MAX_PATTERN
+        and any(fnmatchcase(program, command.program) for program in programs)
+    )
 
 
 def _mcp(effect_type: str) -> str:
@@ -126,36 +162,55 @@ _KUBE_FLAGS = frozenset(
 )  # fmt: skip
 
 
-def _program(programs: frozenset[str], verbs: tuple[tuple[str, ...], ...], within: int = 2):
+Verbs = tuple[tuple[str, ...], ...]
+
+
+def _program(programs: frozenset[str], verbs: Verbs, within: int = 2) -> Callable[[Call], bool]:
     def match(call: Call) -> bool:
         return call.tool == "Bash" and any(
-            c.program in programs and _verbs(_positionals(c.args, _KUBE_FLAGS), verbs, within)
+            _runs(programs, c) and _verbs(_positionals(c.args, _KUBE_FLAGS), verbs, within)
             for c in call.commands
         )
 
     return match
 
 
-def _any_arg(programs: frozenset[str], predicate: Callable[[str], bool]):
+def _any_arg(programs: frozenset[str], predicate: Callable[[str], bool]) -> Callable[[Call], bool]:
     def match(call: Call) -> bool:
         return call.tool == "Bash" and any(
-            c.program in programs and any(predicate(a) for a in c.args) for c in call.commands
+            _runs(programs, c) and any(predicate(a) for a in c.args) for c in call.commands
         )
 
     return match
+
+
+MAIL_PROGRAMS = frozenset({"sendmail", "mailx", "mutt", "msmtp", "ssmtp", "swaks", "neomutt"})
+_MAIL_SDKS = frozenset({"mail", "smtplib", "aiosmtplib", "sendgrid", "mailgun", "postmark"})
 
 
 def _mail(call: Call) -> bool:
     if call.tool != "Bash":
         return False
     for c in call.commands:
-        if c.program in {"sendmail", "mailx", "mutt", "msmtp", "ssmtp", "swaks", "neomutt"}:
+        if _runs(MAIL_PROGRAMS, c):
             return True
-        if c.program == "mail" and "-s" in c.args:
+        if _runs(frozenset({"mail"}), c) and "-s" in c.args:
             return True
         if any(a.lower().startswith(("smtp://", "smtps://")) for a in c.args):
             return True
     return False
+
+
+def _verb_rule(
+    name: str, gateway_tool: str, reason: str, programs: Iterable[str], verbs: Verbs, **extra: Any
+) -> Rule:
+    """A rule over a CLI's sub-commands: ``programs`` followed by one of ``verbs``."""
+    names = frozenset(programs)
+    mentions = frozenset(extra.pop("mentions", ())) | names
+    return Rule(
+        name, "Bash", "", gateway_tool, reason, match=_program(names, verbs),
+        programs=names, verbs=verbs, mentions=mentions, **extra,
+    )  # fmt: skip
 
 
 _STRIPE_VERBS = (
@@ -163,152 +218,84 @@ _STRIPE_VERBS = (
     "close", "reverse", "approve", "decline", "send", "refund", "reject",
 )  # fmt: skip
 _STRIPE_WRITES = (*(("*", verb) for verb in _STRIPE_VERBS), ("post",), ("delete",), ("trigger",))
+_KUBE_WRITES: Verbs = (
+    ("apply",), ("create",), ("edit",), ("patch",), ("delete",), ("replace",), ("scale",),
+    ("autoscale",), ("set",), ("label",), ("annotate",), ("drain",), ("cordon",),
+    ("uncordon",), ("taint",), ("expose",), ("run",), ("rollout", "undo"),
+    ("rollout", "restart"), ("rollout", "resume"), ("rollout", "pause"),
+)  # fmt: skip
+_PROMOTE = _mcp("deployment.release.promote")
+_REFUND = _mcp("billing.refund.create")
+_HTTP_CLIENTS = frozenset({"curl", "wget", "http", "https", "xh", "httpie", "curlie", "aria2c"})
+_PSQL = frozenset({"psql", "pg_dump", "pg_restore", "pg_dumpall"})
+# Payment SDKs and hosts: an interpreter's code naming one may call a payment provider.
+_PAYMENT_WORDS = ("stripe", "paypal", "paypalrestsdk", "braintree", "braintreegateway", "adyen")
 
 DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule(
-        "kubectl",
-        "Bash",
-        "",
-        _mcp("deployment.release.promote"),
-        "Changing a cluster with kubectl bypasses the release process.",
-        match=_program(
-            frozenset({"kubectl", "oc", "kubectl.exe"}),
-            (
-                ("apply",),
-                ("create",),
-                ("edit",),
-                ("patch",),
-                ("delete",),
-                ("replace",),
-                ("scale",),
-                ("autoscale",),
-                ("set",),
-                ("label",),
-                ("annotate",),
-                ("drain",),
-                ("cordon",),
-                ("uncordon",),
-                ("taint",),
-                ("expose",),
-                ("run",),
-                ("rollout", "undo"),
-                ("rollout", "restart"),
-                ("rollout", "resume"),
-                ("rollout", "pause"),
-            ),
-        ),
+    _verb_rule(
+        "kubectl", _PROMOTE, "Changing a cluster with kubectl bypasses the release process.",
+        ("kubectl", "oc", "kubectl.exe"), _KUBE_WRITES, mentions=("kubernetes",),
     ),
-    Rule(
-        "helm",
-        "Bash",
-        "",
-        _mcp("deployment.release.promote"),
-        "Helm releases go through the gateway's deployment contracts.",
-        match=_program(
-            frozenset({"helm"}),
-            (("upgrade",), ("install",), ("rollback",), ("uninstall",), ("delete",)),
-        ),
+    _verb_rule(
+        "helm", _PROMOTE, "Helm releases go through the gateway's deployment contracts.",
+        ("helm",), (("upgrade",), ("install",), ("rollback",), ("uninstall",), ("delete",)),
+        mentions=("pyhelm",),
     ),
-    Rule(
-        "terraform",
-        "Bash",
-        "",
-        _mcp("deployment.release.promote"),
-        "Infrastructure changes are released through the gateway.",
-        match=_program(
-            frozenset({"terraform", "tofu", "terragrunt"}),
-            (("apply",), ("destroy",), ("import",), ("taint",), ("state", "rm"), ("state", "mv")),
-        ),
+    _verb_rule(
+        "terraform", _PROMOTE, "Infrastructure changes are released through the gateway.",
+        ("terraform", "tofu", "terragrunt"),
+        (("apply",), ("destroy",), ("import",), ("taint",), ("state", "rm"), ("state", "mv")),
+        mentions=("python_terraform", "cdktf"),
     ),
-    Rule(
-        "gh-workflow",
-        "Bash",
-        "",
-        _mcp("deployment.release.promote"),
-        "Deployment workflows are started through the gateway.",
-        match=_program(frozenset({"gh"}), (("workflow", "run"), ("run", "rerun"))),
+    _verb_rule(
+        "gh-workflow", _PROMOTE, "Deployment workflows are started through the gateway.",
+        ("gh",), (("workflow", "run"), ("run", "rerun")),
     ),
-    Rule(
-        "argocd",
-        "Bash",
-        "",
-        _mcp("deployment.release.promote"),
+    _verb_rule(
+        "argocd", _PROMOTE,
         "Argo CD syncs and rollbacks are releases: they go through the gateway.",
-        match=_program(
-            frozenset({"argocd"}),
-            (
-                ("app", "sync"),
-                ("app", "rollback"),
-                ("app", "delete"),
-                ("app", "set"),
-                ("app", "create"),
-                ("app", "patch"),
-            ),
-        ),
+        ("argocd",),
+        (("app", "sync"), ("app", "rollback"), ("app", "delete"), ("app", "set"),
+         ("app", "create"), ("app", "patch")),
     ),
-    Rule(
-        "stripe-cli",
-        "Bash",
-        "",
-        _mcp("billing.refund.create"),
+    _verb_rule(
+        "stripe-cli", _REFUND,
         "Payment provider writes are made only by the gateway (exactly once, with approval).",
-        match=_program(frozenset({"stripe"}), _STRIPE_WRITES),
+        ("stripe",), _STRIPE_WRITES, mentions=_PAYMENT_WORDS,
     ),
     Rule(
-        "psql-production",
-        "Bash",
-        "",
-        "",
+        "psql-production", "Bash", "", "",
         "Agents do not connect to production databases; ask an operator.",
-        match=_any_arg(
-            frozenset({"psql", "pg_dump", "pg_restore", "pg_dumpall"}),
-            lambda arg: "prod" in arg.lower(),
-        ),
+        match=_any_arg(_PSQL, lambda arg: "prod" in arg.lower()),
+        programs=_PSQL, samples=("db.prod.internal", "postgres://app@prod-db/shop"),
+        mentions=_PSQL,
     ),
     Rule(
-        "payment-api",
-        "Bash",
-        "",
-        _mcp("billing.refund.create"),
+        "payment-api", "Bash", "", _REFUND,
         "Payment provider APIs are called only by the gateway (exactly once, with approval).",
-        match=_any_arg(
-            frozenset({"curl", "wget", "http", "https", "xh", "httpie", "curlie", "aria2c"}),
-            lambda arg: is_payment_host(_host_of(arg)),
-        ),
+        match=_any_arg(_HTTP_CLIENTS, lambda arg: is_payment_host(_host_of(arg))),
+        programs=_HTTP_CLIENTS,
+        samples=("https://api.stripe.com/v1/refunds", "api-m.paypal.com/v2/payments"),
+        mentions=frozenset(_PAYMENT_WORDS),
     ),
     Rule(
-        "payment-api-fetch",
-        "WebFetch",
-        "",
-        _mcp("billing.refund.create"),
+        "payment-api-fetch", "WebFetch", "", _REFUND,
         "Payment provider APIs are called only by the gateway (exactly once, with approval).",
         match=lambda call: call.tool == "WebFetch" and is_payment_host(call.host),
     ),
     Rule(
-        "mail",
-        "Bash",
-        "",
-        _mcp("email.message.send"),
+        "mail", "Bash", "", _mcp("email.message.send"),
         "Email to customers is sent by the gateway (irreversible, audited).",
-        match=_mail,
+        match=_mail, programs=MAIL_PROGRAMS | {"mail"}, samples=("-s",),
+        mentions=MAIL_PROGRAMS | _MAIL_SDKS,
     ),
-    Rule(
-        "gh-release",
-        "Bash",
-        "",
-        _mcp("deployment.release.promote"),
-        "Releases are promoted through the gateway.",
-        match=_program(
-            frozenset({"gh"}),
-            (
-                ("release", "create"),
-                ("release", "edit"),
-                ("release", "delete"),
-                ("release", "upload"),
-            ),
-        ),
+    _verb_rule(
+        "gh-release", _PROMOTE, "Releases are promoted through the gateway.",
+        ("gh",),
+        (("release", "create"), ("release", "edit"), ("release", "delete"),
+         ("release", "upload")),
     ),
-)
+)  # fmt: skip
 DYNAMIC_REASON = (
     "Blocked by the Effect Gateway: the program this command runs is computed when it runs "
     "({program!r}), so the gateway cannot tell whether it reaches a governed system. Write the "
@@ -316,8 +303,15 @@ DYNAMIC_REASON = (
 )
 TOO_DEEP_REASON = (
     "Blocked by the Effect Gateway: the command nests shells or substitutions deeper than "
-    f"{shell.MAX_NESTING} levels; write it plainly."
+    f"{shell.MAX_NESTING} levels (or is too long once unfolded); write it plainly."
 )
+
+ASK_REASON = (
+    "The Effect Gateway cannot tell from its text what this command runs ({reasons}); a "
+    "human decides. Written as plain commands (no control flow, substitutions, eval or "
+    "wrappers around a governed tool), the gateway can judge it."
+)
+_WORD = re.compile(r"[a-z0-9_]+")
 
 
 def effective_rules(tenant_rules: Iterable[Rule]) -> list[Rule]:
@@ -335,7 +329,9 @@ def call_of(tool: str, tool_input: Mapping[str, Any]) -> Call:
         texts = tuple(
             " ".join((c.raw_program or c.program, *c.args))[:MAX_SUBJECT] for c in parsed.commands
         )
-        return Call(tool, tuple(parsed.commands), texts=texts, too_deep=parsed.too_deep)
+        return Call(
+            tool, parsed.commands, texts=texts, too_deep=parsed.too_deep, unknown=parsed.unknown
+        )
     if tool == "WebFetch":
         url = str(tool_input.get("url", ""))[:MAX_SUBJECT]
         return Call(tool, host=_host_of(url), texts=(url,))
@@ -363,13 +359,60 @@ def unknowable(tool: str, tool_input: Mapping[str, Any]) -> str:
     """Why a Bash command cannot be judged (a computed program name, too deep), or ''."""
     if tool != "Bash":
         return ""
-    call = call_of(tool, tool_input)
+    return _unknowable(call_of(tool, tool_input))
+
+
+def _unknowable(call: Call) -> str:
+    if call.tool != "Bash":
+        return ""
     if call.too_deep:
         return TOO_DEEP_REASON
     for command in call.commands:
         if command.dynamic:
-            return DYNAMIC_REASON.format(program=command.raw_program)
+            return DYNAMIC_REASON.format(program=command.raw_program[:60])
     return ""
+
+
+def undecidable(rules: Iterable[Rule], call: Call) -> str:
+    """Why the gateway cannot tell from the text whether a Bash command reaches a governed
+    system — it is not a plain sequence of simple commands, an interpreter's code names a
+    governed tool or SDK, or a governed program's arguments are computed — or ''."""
+    if call.tool != "Bash":
+        return ""
+    reasons = list(call.unknown)
+    rules = [rule for rule in rules if rule.programs or rule.mentions]
+    mentions = {word for rule in rules for word in rule.mentions}
+    for command in call.commands:
+        named = sorted(mentions.intersection(_WORD.findall(command.script.lower())))
+        if named:
+            reasons.append(f"{command.program} runs code that names {', '.join(named[:3])}")
+        if command.dynamic_args and any(rule.runs(command) for rule in rules):
+            reasons.append(f"{command.program}'s arguments are computed when it runs")
+    if not reasons:
+        return ""
+    shown = "; ".join(dict.fromkeys(reasons[:4]))
+    return ASK_REASON.format(reasons=shown)
+
+
+def verdict(
+    rules: Iterable[Rule], tool: str, tool_input: Mapping[str, Any]
+) -> tuple[str, str] | None:
+    """The hook's answer for a tool call that is not one of the gateway's own tools:
+    ("deny", why) for a governed call or one whose program is computed, ("ask", why) for a
+    command whose effect cannot be read from its text, None for the rest (Claude Code's own
+    permission rules then apply)."""
+    rules = list(rules)
+    call = call_of(tool, tool_input)
+    for rule in rules:
+        if rule.matches(call):
+            return "deny", deny_reason(rule)
+    why = _unknowable(call)
+    if why:
+        return "deny", why
+    why = undecidable(rules, call)
+    if why:
+        return "ask", why
+    return None
 
 
 def deny_reason(rule: Rule) -> str:

@@ -166,12 +166,9 @@ def _decide(
             f"The command is longer than {policy.MAX_SUBJECT} characters: a human reads it.",
             None,
         )
-    unknowable = policy.unknowable(tool, tool_input)
-    if unknowable:
-        return "deny", unknowable, None
-    rule = policy.governed(_tenant_rules(principal), tool, tool_input)
-    if rule is not None:
-        return "deny", policy.deny_reason(rule), None
+    answer = policy.verdict(_tenant_rules(principal), tool, tool_input)
+    if answer is not None:
+        return answer[0], answer[1], None
     is_gateway_tool, contract = policy.gateway_contract(tool)
     if not is_gateway_tool:
         return None, "", None
