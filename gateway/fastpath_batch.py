@@ -39,6 +39,13 @@ from gateway.choices import OUTCOME_STATUS
 from gateway.fastpath import (
     ANNOUNCED,
     CLAIM_RETURNING,
+    DISPATCHABLE_IN,
+    DISPATCHED,
+    DISPATCHING,
+    FINISHED,
+    NO_SAGA,
+    PREPARED,
+    RECEIPT_DISPATCH,
     FastClaim,
     _compact,
     _json,
@@ -48,6 +55,7 @@ from gateway.fastpath import (
     claim_params,
     record_evidence,
 )
+from gateway.ledger import worker_actor
 from gateway.lib import prepared
 from gateway.lib.digest import sha256_digest
 from gateway.models import Receipt
@@ -68,14 +76,14 @@ def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
 # steps): the drainer's claim locks these (``due``), and the drain without the fast path reads
 # them (``_DUE``). ``fastpath.claim_ctes`` then claims the locked rows under every check of
 # the single claim (tests/gateway/test_dispatch_batch.py runs each refusal through both).
-_DUE_WHERE = """
+_DUE_WHERE = f"""
     FROM gateway_effect e
     JOIN gateway_command c ON c.effect_id = e.effect_id
     JOIN gateway_principal p ON p.id = c.requested_by_id
-   WHERE e.status IN ('NOT_STARTED', 'PREPARED') AND NOT e.frozen
+   WHERE e.status IN ({DISPATCHABLE_IN}) AND NOT e.frozen
      AND e.next_dispatch_at IS NOT NULL
-     AND (e.status = 'PREPARED' OR e.next_dispatch_at <= %(now)s)
-     AND c.saga_id = '' AND NOT p.frozen
+     AND (e.status = {PREPARED} OR e.next_dispatch_at <= %(now)s)
+     AND c.saga_id = {NO_SAGA} AND NOT p.frozen
      AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                       WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
      AND e.effect_id <> ALL(%(skip)s::text[])
@@ -91,7 +99,8 @@ WITH due AS (
 SELECT {CLAIM_RETURNING}, claimed.provider, claimed.compensates
   FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
 UNION ALL
-SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL
   FROM due WHERE NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.effect_id = due.effect_id)
 """)
 
@@ -134,7 +143,7 @@ def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = 
             refused.append(row[0])
             continue
         claim = claim_from_row(row)
-        provider, compensates = row[11:]
+        provider, compensates = row[12:]
         claims.append(BatchClaim(**vars(claim), provider=provider, compensates=compensates))
     return Batch(claims, refused)
 
@@ -179,7 +188,7 @@ WITH o AS (
            confirmed_at = COALESCE(o.confirmed, e.confirmed_at)
       FROM o
      WHERE e.effect_id = ANY(%(ids)s::text[]) AND e.effect_id = o.effect_id
-       AND e.status = 'DISPATCHING' AND e.fence = o.fence
+       AND e.status = {DISPATCHING} AND e.fence = o.fence
        AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
                         WHERE w.tenant_id = e.tenant_id AND w.enabled
                           AND w.event_types ? (%(announced)s::jsonb ->> o.to_status))
@@ -188,11 +197,11 @@ WITH o AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
         reason, data, created_at)
-    SELECT r.tenant_id, r.effect_id, '', 'dispatched', 'DISPATCHING', o.to_status, %(actor)s,
+    SELECT r.tenant_id, r.effect_id, '', {DISPATCHED}, {DISPATCHING}, o.to_status, %(actor)s,
            NULL, o.reason, o.evidence, %(now)s
       FROM recorded r JOIN o ON o.effect_id = r.effect_id
 ), attempt AS (
-    UPDATE gateway_attempt a SET state = 'finished', outcome = o.outcome,
+    UPDATE gateway_attempt a SET state = {FINISHED}, outcome = o.outcome,
            http_status = o.http_status, provider_operation_id = COALESCE(o.op_id, ''),
            error = o.error, finished_at = %(now)s
       FROM o JOIN recorded r ON r.effect_id = o.effect_id
@@ -201,7 +210,7 @@ WITH o AS (
     INSERT INTO gateway_receipt (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
         payload_digest, digest_matches, result, result_digest, received_at, seal)
-    SELECT r.effect_id, o.attempt_id, 'dispatch', o.provider, o.op_id, o.op_status,
+    SELECT r.effect_id, o.attempt_id, {RECEIPT_DISPATCH}, o.provider, o.op_id, o.op_status,
            o.op_digest, o.op_digest = o.command_digest, o.op_result, o.result_digest,
            %(now)s, o.seal
       FROM recorded r JOIN o ON o.effect_id = r.effect_id
@@ -231,7 +240,7 @@ def record_batch(*, answers: list[Answer], worker: str, now: datetime) -> set[st
         "rows": _json([_row(answer, now) for answer in answers]),
         "ids": [answer.claim.effect_id for answer in answers],
         "now": now,
-        "actor": f"worker:{worker}",
+        "actor": worker_actor(worker),
         "announced": ANNOUNCED,  # an endpoint that hears of the outcome: the general record
     }
     return {effect_id for (effect_id,) in _execute(_RECORD_BATCH, params)}

@@ -26,7 +26,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
-from gateway import audit, capabilities, fastpath, hooks, ledger, moves
+from gateway import audit, capabilities, fastpath, hooks, ledger, moves, submission
 from gateway.choices import APPROVER_ROLES as APPROVER_ROLES
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -35,6 +35,7 @@ from gateway.choices import (
     ApprovalState,
     AttemptState,
     EffectStatus,
+    EventKind,
     Outcome,
     Role,
 )
@@ -69,8 +70,6 @@ from gateway.providers.registry import adapter_for
 logger = logging.getLogger(__name__)
 
 S = EffectStatus
-MAX_EXPIRES_IN = 7 * 24 * 3600
-DEFAULT_EXPIRES_IN = 3600
 
 
 def worker_name() -> str:
@@ -84,64 +83,6 @@ def worker_name() -> str:
 class Submission:
     effect: Effect
     created: bool
-
-
-def _validate_submission(
-    *,
-    contract: EffectContract | None,
-    effect_type: Any,
-    resource: Any,
-    payload: Any,
-    intent: Any,
-    context: Any,
-    expires_in: Any,
-) -> dict[str, list[str]]:
-    errors: dict[str, list[str]] = {}
-    if contract is None:
-        errors["type"] = [f"unknown effect type {effect_type!r}; see GET /api/v1/effect-types"]
-    if not isinstance(resource, dict):
-        errors["resource"] = ["must be an object with type, id and (where needed) version"]
-    else:
-        if contract and resource.get("type") != contract.resource_type:
-            errors["resource.type"] = [f"must be {contract.resource_type!r} for this type"]
-        rid = resource.get("id")
-        if not isinstance(rid, str) or not rid or len(rid) > 200:
-            errors["resource.id"] = ["must be a non-empty string of at most 200 characters"]
-        version = resource.get("version")
-        if version is None:
-            if contract and contract.resource_version_required:
-                errors["resource.version"] = ["required: the version you expect to change"]
-        elif isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            errors["resource.version"] = ["must be a non-negative integer"]
-        extra = set(resource) - {"type", "id", "version"}
-        if extra:
-            errors["resource"] = [f"unexpected fields: {', '.join(sorted(extra))}"]
-    if not isinstance(payload, dict):
-        errors["payload"] = ["must be an object"]
-    elif contract:
-        for error in sorted(
-            contract.payload_validator.iter_errors(payload), key=lambda e: list(e.path)
-        ):
-            path = ".".join(str(part) for part in error.path)
-            errors.setdefault(f"payload.{path}" if path else "payload", []).append(error.message)
-    if intent is not None and not isinstance(intent, dict):
-        errors["intent"] = ["must be an object (summary, task_id, plan_revision)"]
-    elif isinstance(intent, dict):
-        summary = intent.get("summary")
-        if summary is not None and (not isinstance(summary, str) or len(summary) > 4000):
-            errors["intent.summary"] = ["must be a string of at most 4000 characters"]
-        revision = intent.get("plan_revision")
-        if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)):
-            errors["intent.plan_revision"] = ["must be an integer"]
-    if context is not None and not isinstance(context, dict):
-        errors["context"] = ["must be an object"]
-    if expires_in is not None and (
-        isinstance(expires_in, bool)
-        or not isinstance(expires_in, int)
-        or not 1 <= expires_in <= MAX_EXPIRES_IN
-    ):
-        errors["expires_in"] = [f"must be whole seconds from 1 to {MAX_EXPIRES_IN}"]
-    return errors
 
 
 def command_submit(
@@ -166,7 +107,7 @@ def command_submit(
     """
     ledger.validate_idempotency_key(idempotency_key, what="command")
     contract = get_contract(type) if isinstance(type, str) else None
-    errors = _validate_submission(
+    errors = submission.validate(
         contract=contract,
         effect_type=type,
         resource=resource,
@@ -182,92 +123,20 @@ def command_submit(
         raise NotPermitted(f"A principal with role {principal.role} cannot submit commands.")
     if principal.frozen:
         raise NotPermitted(f"Principal {principal.name} is frozen.")
-
     digest = payload_digest(type=contract.type, resource=resource, payload=payload)
+    request = _Request(principal, contract, idempotency_key, digest, resource, payload, intent,
+                       context, expires_in)  # fmt: skip
     if compensates is None and not saga_id and fastpath.enabled():
-        fast = _submit_fast(principal, contract, idempotency_key, digest, resource, payload,
-                            intent, context, expires_in)  # fmt: skip
+        fast = _submit_fast(request)
         if fast is not None:
             return fast
     existing = _existing_command(principal, idempotency_key, digest)
     if existing is not None:
         return Submission(existing, created=False)
-
-    now = timezone.now()
-    effect_id = new_effect_id()
-    needs_approval = contract.requires_approval(payload)
-    status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     try:
         with transaction.atomic():
-            capability, reserved = capabilities.capability_reserve(
-                principal=principal, contract=contract, resource=resource, payload=payload
-            )
-            command = Command.objects.create(
-                effect_id=effect_id,
-                tenant_id=principal.tenant_id,
-                type=contract.type,
-                provider=contract.provider,
-                idempotency_key=idempotency_key,
-                provider_key=f"{principal.tenant.slug}:{idempotency_key}",
-                payload_digest=digest,
-                resource=resource,
-                resource_type=resource["type"],
-                resource_id=resource["id"],
-                resource_version=resource.get("version"),
-                # Bound to this command: a ciphertext copied from another row won't open.
-                payload_sealed=seal_bound(
-                    payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
-                ),
-                payload_redacted=redact(payload, contract),
-                intent=intent or {},
-                context=context or {},
-                requested_by=principal,
-                capability=capability,
-                budget_amount=reserved,
-                approval_required=needs_approval,
-                compensates=compensates,
-                saga_id=saga_id or "",
-                saga_step=saga_step,
-                expires_at=now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),
-                created_at=now,
-            )
-            effect = Effect.objects.create(
-                command=command,
-                tenant_id=principal.tenant_id,
-                type=contract.type,
-                owner=contract.owner,
-                status=status,
-                status_changed_at=now,
-                approval_state=(
-                    ApprovalState.PENDING if needs_approval else ApprovalState.NOT_REQUIRED
-                ),
-                # If the message below is lost, the sweeper sends it again after this.
-                next_dispatch_at=(
-                    None
-                    if needs_approval
-                    else now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
-                ),
-                created_at=now,
-                updated_at=now,
-            )
-            ledger.append_event(
-                effect,
-                kind="submitted",
-                actor=principal.label,
-                principal=principal,
-                to_status=status,
-                now=now,
-                reason=("waiting for an approver: " + contract.approval.description)
-                if needs_approval
-                else "",
-                data={"idempotency_key": idempotency_key, "payload_digest": digest},
-            )
-            for listener in hooks.effect_created:
-                listener(effect)
-            if not needs_approval and saga_id:
-                ledger.enqueue_dispatch(effect.pk)  # a saga's step: sent on its own
-            elif not needs_approval:
-                ledger.enqueue_due(effect.pk)
+            effect = _submit_general(request, compensates=compensates, saga_id=saga_id or "",
+                                     saga_step=saga_step)  # fmt: skip
     except IntegrityError:
         # Another request with this key committed first: it is the one effect for the key.
         existing = _existing_command(principal, idempotency_key, digest)
@@ -277,44 +146,113 @@ def command_submit(
     return Submission(effect, created=True)
 
 
-def _submit_fast(principal, contract, key, digest, resource, payload, intent, context, expires_in):
+class _Request(NamedTuple):
+    """A valid submission, as both paths write it."""
+
+    principal: Principal
+    contract: EffectContract
+    key: str
+    digest: str
+    resource: dict[str, Any]
+    payload: dict[str, Any]
+    intent: Any
+    context: Any
+    expires_in: Any
+
+    def rows(self, *, effect_id: str, capability_id: str | None, reserved: int, now, **saga):
+        """The rows to write (``submission.new_rows``), the payload sealed and redacted."""
+        digest = self.digest
+        return submission.new_rows(
+            effect_id=effect_id,
+            principal=self.principal,
+            contract=self.contract,
+            idempotency_key=self.key,
+            digest=digest,
+            resource=self.resource,
+            payload=self.payload,
+            intent=self.intent,
+            context=self.context,
+            expires_in=self.expires_in,
+            # Bound to this command: a ciphertext copied from another row won't open.
+            sealed=seal_bound(
+                self.payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
+            ),
+            redacted=redact(self.payload, self.contract),
+            capability_id=capability_id,
+            reserved=reserved,
+            now=now,
+            **saga,
+        )
+
+
+def _submit_general(
+    request: _Request, *, compensates: Command | None, saga_id: str, saga_step: str
+) -> Effect:
+    """Reserve on a grant and write the command, its effect and its event, in the caller's
+    transaction; a saga's step is handed to a worker on its own, any other is due."""
+    principal, now = request.principal, timezone.now()
+    capability, reserved = capabilities.capability_reserve(
+        principal=principal,
+        contract=request.contract,
+        resource=request.resource,
+        payload=request.payload,
+    )
+    rows = request.rows(
+        effect_id=new_effect_id(),
+        capability_id=capability.pk if capability else None,
+        reserved=reserved,
+        now=now,
+        compensates_id=compensates.pk if compensates else None,
+        saga_id=saga_id,
+        saga_step=saga_step,
+    )
+    command = Command(**rows.command)
+    command.requested_by, command.capability = principal, capability
+    command.compensates = compensates
+    command.save(force_insert=True)
+    effect = Effect(**rows.effect)
+    effect.command = command
+    effect.save(force_insert=True)
+    ledger.append_event(effect, principal=principal, now=now, **rows.event)
+    for listener in hooks.effect_created:
+        listener(effect)
+    if effect.status == S.PREPARED and saga_id:
+        ledger.enqueue_dispatch(effect.pk)  # a saga's step: sent on its own
+    elif effect.status == S.PREPARED:
+        ledger.enqueue_due(effect.pk)
+    return effect
+
+
+def _submit_fast(request: _Request) -> Submission | None:
     """The one-statement submission (gateway.fastpath), for a command that belongs to no saga
     and compensates nothing; a budget is reserved in the same statement. None when the
     general path must decide."""
+    principal, key, digest = request.principal, request.key, request.digest
     if (principal.tenant_id, key) in fastpath.known_keys:
         # A replay, most likely (an agent retrying): one SELECT, no seal, no insert attempt.
         existing = fastpath.replay(principal=principal, idempotency_key=key)
         if existing is not None:
             _check_replay_digest(existing.command, key, digest)
             return Submission(existing, created=False)
-    if len(hooks.effect_created) and contract.requires_approval(payload):
+    if len(hooks.effect_created) and request.contract.requires_approval(request.payload):
         # A command that waits for an approver is announced (hooks.effect_created) in the
         # transaction that writes it, which is the general path's; the wait is human anyway.
         return None
     now = timezone.now()
     grant = None
     if principal.role == Role.AGENT:
-        grant = fastpath.submission_grant(principal, contract, resource, payload, now)
+        grant = fastpath.submission_grant(
+            principal, request.contract, request.resource, request.payload, now
+        )
         if grant is None:
             return None  # no grant, or an amount it refuses: the general path says why
-    effect_id = new_effect_id()
-    written = fastpath.submit(
-        effect_id=effect_id,
-        principal=principal,
-        contract=contract,
-        idempotency_key=key,
-        digest=digest,
-        resource=resource,
-        payload=payload,
-        intent=intent,
-        context=context,
-        expires_in=expires_in,
-        # Bound to this command: a ciphertext copied from another row won't open.
-        sealed=seal_bound(payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)),
-        redacted=redact(payload, contract),
-        grant=grant,
+    rows = request.rows(
+        effect_id=new_effect_id(),
+        capability_id=grant.capability.pk if grant else None,
+        reserved=grant.amount if grant else 0,
         now=now,
     )
+    written = fastpath.submit(principal=principal, rows=rows, payload=request.payload, grant=grant)
     if written is None:
         return None
     if not written.created:
@@ -630,7 +568,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             effect,
             to=S.DISPATCHING,
             actor=f"worker:{worker}",
-            kind="claimed",
+            kind=EventKind.CLAIMED,
             reason=f"attempt {number}",
             expect_fence=effect.fence,
             data={"fence": fence},
@@ -720,7 +658,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
                 effect,
                 to=status,
                 actor=f"worker:{worker}",
-                kind="dispatched",
+                kind=EventKind.DISPATCHED,
                 reason=result.reason,
                 expect_fence=claim.fence,
                 data=evidence,
@@ -813,7 +751,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     claim = fastpath.claim(effect_id=effect_id, worker=worker)
     if claim is None:
         return None
-    logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    log_claimed(claim, worker=worker)
     moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     sent = fast_send(claim)
@@ -830,7 +768,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         now=now,
     ):
         moves.after_commit([effect_id])
-        log_recorded(effect_id, sent.result)
+        log_recorded(effect_id, sent.result, worker=worker)
     else:  # stale, or a compensation / saga / webhook endpoint needs the general record
         fast_record_general(claim, sent.result, worker=worker)
     failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
@@ -901,10 +839,23 @@ def fast_record_general(claim: fastpath.FastClaim, result: CallResult, *, worker
     effect_record_outcome(claim=general, result=result, worker=worker)
 
 
-def log_recorded(effect_id: str, result: CallResult) -> None:
-    logger.info(
-        "effect transition",
-        extra={"effect_id": effect_id, "from": S.DISPATCHING, "to": OUTCOME_STATUS[result.outcome]},
+def log_claimed(claim: fastpath.FastClaim, *, worker: str) -> None:
+    """The log line ``ledger.transition`` writes for the claim, for a fast claim."""
+    ledger.log_transition(
+        claim.effect_id,
+        from_status=claim.from_status,
+        to=S.DISPATCHING,
+        actor=ledger.worker_actor(worker),
+    )
+
+
+def log_recorded(effect_id: str, result: CallResult, *, worker: str) -> None:
+    """The log line ``ledger.transition`` writes for the record, for a fast record."""
+    ledger.log_transition(
+        effect_id,
+        from_status=S.DISPATCHING,
+        to=OUTCOME_STATUS[result.outcome],
+        actor=ledger.worker_actor(worker),
     )
 
 
