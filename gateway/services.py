@@ -17,13 +17,11 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
-from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from gateway import audit, capabilities, fastpath, hooks, ledger, moves, submission
@@ -66,6 +64,7 @@ from gateway.lib.vault import seal_bound
 from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
+from gateway.sweep import dispatch_sweep as dispatch_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -506,59 +505,20 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
     before the provider is called. None when there is nothing to send (another worker got it,
     it is frozen, expired, or out of attempts)."""
     now = timezone.now()
+    actor = ledger.worker_actor(worker)
     with transaction.atomic():
         effect = Effect.objects.select_related("command__requested_by").filter(pk=effect_id).first()
         if effect is None or effect.status not in DISPATCHABLE or effect.frozen:
             return None
         if any(hold.holds(effect) for hold in hooks.dispatch_holds):
             return None  # e.g. its saga is frozen: nothing of it is sent
-        if effect.command.expires_at <= now:
-            effect_expire(effect=effect, actor=f"worker:{worker}")
-            return None
-        blocker = capabilities.dispatch_blocker(effect.command, now=now)
-        if blocker is not None:
-            reason, final = blocker
-            if final:
-                ledger.transition(
-                    effect,
-                    to=S.REJECTED,
-                    actor=f"worker:{worker}",
-                    kind="authorisation_lost",
-                    reason=f"{reason}; it was never sent",
-                    next_dispatch_at=None,
-                )
-            return None
-        if _approval_expired(effect, now):
-            assert effect.approved_at is not None  # _approval_expired says it was approved
-            ledger.transition(
-                effect,
-                to=S.AWAITING_APPROVAL,
-                actor=f"worker:{worker}",
-                kind="approval_expired",
-                reason=f"approved at {effect.approved_at.isoformat()}, more than "
-                f"{settings.GATEWAY_APPROVAL_TTL:.0f}s before dispatch: approve it again",
-                approval_state=ApprovalState.EXPIRED,
-                next_dispatch_at=None,
-            )
+        if _refused_before_claim(effect, now=now, actor=actor):
             return None
         payload, problem = verified_payload(effect)
         if problem:
-            effect_refuse_tampered(effect=effect, problem=problem, actor=f"worker:{worker}")
+            effect_refuse_tampered(effect=effect, problem=problem, actor=actor)
             return None
-        contract = get_contract(effect.type)
-        budget = contract.recovery.max_dispatch_attempts if contract else 1
-        if effect.attempt_count >= budget:
-            if effect.next_dispatch_at is not None:
-                audit.lock_chain(effect.tenant_id)  # chain head before the row
-                ledger.annotate(
-                    effect,
-                    expect_status=effect.status,
-                    fields={"next_dispatch_at": None, "escalated": True},
-                    kind="retry_budget_exhausted",
-                    actor=f"worker:{worker}",
-                    reason=f"{effect.attempt_count} attempts, none reached the provider",
-                    now=now,
-                )
+        if _attempts_spent(effect, now=now, actor=actor):
             return None
         fence = effect.fence + 1
         number = effect.attempt_count + 1
@@ -567,7 +527,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         if not ledger.transition(
             effect,
             to=S.DISPATCHING,
-            actor=f"worker:{worker}",
+            actor=actor,
             kind=EventKind.CLAIMED,
             reason=f"attempt {number}",
             expect_fence=effect.fence,
@@ -593,6 +553,64 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         attempt_number=number,
         payload=payload,
     )
+
+
+def _refused_before_claim(effect: Effect, *, now, actor: str) -> bool:
+    """Whether the claim may not send ``effect`` now: its command expired (EXPIRED), its
+    grant is gone (REJECTED) or it waits (a frozen principal or type), or its approval is
+    too old (asked again). Writes the transition each of those leads to, in the claim's
+    transaction."""
+    if effect.command.expires_at <= now:
+        effect_expire(effect=effect, actor=actor)
+        return True
+    blocker = capabilities.dispatch_blocker(effect.command, now=now)
+    if blocker is not None:
+        reason, final = blocker
+        if final:
+            ledger.transition(
+                effect,
+                to=S.REJECTED,
+                actor=actor,
+                kind="authorisation_lost",
+                reason=f"{reason}; it was never sent",
+                next_dispatch_at=None,
+            )
+        return True
+    if _approval_expired(effect, now):
+        assert effect.approved_at is not None  # _approval_expired says it was approved
+        ledger.transition(
+            effect,
+            to=S.AWAITING_APPROVAL,
+            actor=actor,
+            kind="approval_expired",
+            reason=f"approved at {effect.approved_at.isoformat()}, more than "
+            f"{settings.GATEWAY_APPROVAL_TTL:.0f}s before dispatch: approve it again",
+            approval_state=ApprovalState.EXPIRED,
+            next_dispatch_at=None,
+        )
+        return True
+    return False
+
+
+def _attempts_spent(effect: Effect, *, now, actor: str) -> bool:
+    """Whether ``effect`` has used its contract's attempt budget; the first time it is found
+    so, it is escalated to a human and taken off the dispatch schedule."""
+    contract = get_contract(effect.type)
+    budget = contract.recovery.max_dispatch_attempts if contract else 1
+    if effect.attempt_count < budget:
+        return False
+    if effect.next_dispatch_at is not None:
+        audit.lock_chain(effect.tenant_id)  # chain head before the row
+        ledger.annotate(
+            effect,
+            expect_status=effect.status,
+            fields={"next_dispatch_at": None, "escalated": True},
+            kind="retry_budget_exhausted",
+            actor=actor,
+            reason=f"{effect.attempt_count} attempts, none reached the provider",
+            now=now,
+        )
+    return True
 
 
 class _Counts(NamedTuple):
@@ -893,99 +911,3 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
     from gateway.metrics import DISPATCH_SECONDS
 
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
-
-
-def redeliver_at(now: datetime) -> Any:
-    """When the sweeper may send an overdue effect's message again (an SQL expression on the
-    row): after as long as the effect has waited so far, at least GATEWAY_REDELIVER_AFTER and
-    at most GATEWAY_REDELIVER_MAX.
-
-    The first message is most likely waiting behind a backlog, not lost: a fixed interval
-    re-sent every waiting effect every 30 s (300 effects queued → 1983 messages, 1620 of them
-    no-ops that lengthened the very backlog). Doubling the wait bounds the copies per effect
-    by log2(backlog / interval) and still resends a truly lost message within the cap.
-    """
-    waited = ExpressionWrapper(Value(now) - F("status_changed_at"), output_field=DurationField())
-    wait = Least(
-        Greatest(Value(timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)), waited),
-        Value(timedelta(seconds=settings.GATEWAY_REDELIVER_MAX)),
-    )
-    return ExpressionWrapper(Value(now) + wait, output_field=DateTimeField())
-
-
-def dispatch_sweep(*, limit: int = 500) -> int:
-    """Re-send PREPARED/NOT_STARTED effects whose dispatch has gone quiet, and expire the ones
-    whose command ran out. The broker can lose a message; the ledger cannot.
-
-    An overdue effect is most often waiting behind a backlog, not lost: a drainer is at work
-    and will claim it with the rest. So the first time a drain would take it (PREPARED, not a
-    saga's step), the sweeper wakes one more drainer for all of them at once instead of a
-    message each; one message per overdue effect had each sent through the single dispatch,
-    the dearest path, while the backlog lasted (9,050 overdue at once in one profiled pass of
-    the bench: half the worker's samples went to publishing and running those messages).
-    Held effects (a frozen principal or type) are no drain's: during a backlog they wait, as
-    they must, and once unfrozen they are due to every drain again (the next one takes them,
-    or the sweep's first look after the drainers stop sends them one by one).
-    While a drainer is at work (it claimed in the last few seconds: ``hooks.drainers_at_work``)
-    that holds at every look, however long the backlog lasts. Otherwise an effect overdue
-    again (a wake-up nobody answered: no drainer threads, or Redis lost it), a NOT_STARTED
-    one (its retry time, which a drain respects, was just pushed back) and a saga's step get
-    their own message, as always. ``_first_look`` says how the sweeper tells a second look.
-    """
-    now = timezone.now()
-    expired = 0
-    for effect in Effect.objects.select_related("command").filter(
-        status__in=BEFORE_DISPATCH, command__expires_at__lte=now
-    )[:limit]:
-        with transaction.atomic():
-            expired += effect_expire(effect=effect, actor="sweeper")
-    waiting = Effect.objects.filter(
-        status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False
-    )
-    # Effects held (a frozen saga) wait where they are: sending them to a worker that will
-    # refuse them every sweep is noise.
-    for hold in hooks.dispatch_holds:
-        waiting = hold.exclude(waiting)
-    # One batch: the due rows locked and pushed back in two statements, however many.
-    # SKIP LOCKED against a second sweeper (two beats, a misconfiguration) and against a
-    # worker claiming one of them right now; even a double enqueue sends once (the claim).
-    with transaction.atomic():
-        due = list(
-            waiting.order_by("next_dispatch_at")
-            .select_for_update(skip_locked=True, of=("self",))
-            .values_list("pk", "status", "status_changed_at", "command__saga_id")[:limit]
-        )
-        if due:
-            Effect.objects.filter(pk__in=[row[0] for row in due]).update(
-                next_dispatch_at=redeliver_at(now)
-            )
-    drains_take = [row for row in due if row[1] == S.PREPARED and not row[3]]
-    at_work = bool(drains_take) and _drainers_at_work()
-    drained = [row[0] for row in drains_take if at_work or _first_look(now, row[2])]
-    if drained:
-        # One wake-up past the due flag, whoever holds it: a drainer claims every PREPARED
-        # effect, in order of next_dispatch_at, until none is left.
-        ledger.publish(hooks.wake_sender.send, f"sweep: {len(drained)} overdue")
-    for effect_id in {row[0] for row in due} - set(drained):
-        ledger.publish(hooks.dispatch_sender.send, effect_id)
-    return len(due) + expired
-
-
-def _drainers_at_work() -> bool:
-    """Whether a drainer claimed work in the last few seconds (``hooks.drainers_at_work``);
-    False when Redis cannot say: the sweep then sends what it saw before one by one."""
-    try:
-        return hooks.drainers_at_work.ask()
-    except Exception:
-        logger.warning("could not ask whether a drainer is at work", exc_info=True)
-        return False
-
-
-def _first_look(now: datetime, status_changed_at: datetime) -> bool:
-    """Whether the sweeper sees an overdue PREPARED effect for the first time. Without a
-    column for it: such an effect is due ``GATEWAY_REDELIVER_AFTER`` after its status changed
-    (submission or approval), and each look pushes it back by at least as long as it has
-    waited (``redeliver_at``), so at a second look it has waited at least twice that. A
-    sweeper that was down longer than that sends one by one, as before: the old way is always
-    correct, only dearer."""
-    return now - status_changed_at < 2 * timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
