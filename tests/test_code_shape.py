@@ -70,7 +70,8 @@ def test_the_check_sees_the_project():
 
 
 def test_the_check_measures_a_function_from_its_decorators_to_its_last_line():
-    tree = ast.parse("class A:\n    @staticmethod\n    def f():\n        x = 1\n\n        return x\n")
+    source = "class A:\n    @staticmethod\n    def f():\n        x = 1\n\n        return x\n"
+    tree = ast.parse(source)
     [(name, node)] = list(functions(tree))
     assert (name, length(node)) == ("A.f", 5)
 
