@@ -34,10 +34,19 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from gateway import hooks, trust
-from gateway.choices import DISPATCHABLE, ApprovalState, AttemptState, EffectStatus, EventKind
+from gateway.checkpoints import ReceiptFields, receipt_seal
+from gateway.choices import (
+    DISPATCHABLE,
+    OUTCOME_STATUS,
+    ApprovalState,
+    AttemptState,
+    EffectStatus,
+    EventKind,
+)
 from gateway.errors import ValidationProblem
 from gateway.ledger import worker_actor
 from gateway.lib import prepared
+from gateway.lib.digest import sha256_digest
 from gateway.models import Capability, Command, Effect, Principal, Receipt
 from gateway.submission import NewRows
 from gateway.webhooks.choices import EVENT_FOR_STATUS
@@ -634,45 +643,83 @@ def claim_from_row(row) -> FastClaim:
 
 # --- 3. record ---------------------------------------------------------------------------------
 
-_RECORD = f"""
-WITH recorded AS (
+# One outcome's values, named and typed once for both records: the single record binds them
+# as parameters (``o`` is then one row), the drainer's batch record as the rows of one JSON
+# array (gateway.fastpath_batch). ``outcome_row`` gives them.
+OUTCOME_COLUMNS = (
+    ("effect_id", "text"),
+    ("fence", "bigint"),
+    ("to_status", "text"),
+    ("next_check", "timestamptz"),
+    ("next_dispatch", "timestamptz"),
+    ("op_id", "text"),
+    ("mismatch", "bool"),
+    ("confirmed", "timestamptz"),
+    ("reason", "text"),
+    ("evidence", "jsonb"),
+    ("outcome", "text"),
+    ("http_status", "int"),
+    ("error", "text"),
+    ("attempt_id", "bigint"),
+    ("op_status", "text"),
+    ("op_digest", "text"),
+    ("op_result", "jsonb"),
+    ("result_digest", "text"),
+    ("seal", "text"),
+)
+
+# The record, written once for both callers: each outcome of ``o`` at its claim's fence
+# (status, ``dispatched`` event, attempt end, receipt), only for a command that compensates
+# nothing and belongs to no saga (those need their own writes) and a tenant without an
+# enabled endpoint subscribed to the outcome's event (ANNOUNCED). ``recorded`` names the
+# effects written; the caller records the others the general way. No SQL comment in here
+# (``_compact``). Parameters: ids (the effects of ``o``), now, actor, announced.
+RECORD_CTES = f"""
+recorded AS (
     UPDATE gateway_effect e
-       SET status = %(to)s, status_changed_at = %(now)s, updated_at = %(now)s,
-           lease_expires_at = NULL, next_check_at = %(next_check)s,
-           next_dispatch_at = %(next_dispatch)s,
-           provider_operation_id = COALESCE(%(op_id)s, e.provider_operation_id),
-           mismatch = e.mismatch OR %(mismatch)s,
-           confirmed_at = COALESCE(%(confirmed)s, e.confirmed_at)
-      FROM gateway_command c
-     WHERE e.effect_id = %(id)s AND e.status = {DISPATCHING} AND e.fence = %(fence)s
+       SET status = o.to_status, status_changed_at = %(now)s, updated_at = %(now)s,
+           lease_expires_at = NULL, next_check_at = o.next_check,
+           next_dispatch_at = o.next_dispatch,
+           provider_operation_id = COALESCE(o.op_id, e.provider_operation_id),
+           mismatch = e.mismatch OR o.mismatch,
+           confirmed_at = COALESCE(o.confirmed, e.confirmed_at)
+      FROM o, gateway_command c
+     WHERE e.effect_id = ANY(%(ids)s::text[]) AND e.effect_id = o.effect_id
+       AND e.status = {DISPATCHING} AND e.fence = o.fence
        AND c.effect_id = e.effect_id AND c.compensates_id IS NULL AND c.saga_id = {NO_SAGA}
        AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
                         WHERE w.tenant_id = e.tenant_id AND w.enabled
-                          AND w.event_types ? (%(announced)s::jsonb ->> %(to)s))
+                          AND w.event_types ? (%(announced)s::jsonb ->> o.to_status))
     RETURNING e.effect_id, e.tenant_id, c.provider, c.payload_digest AS command_digest
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
         reason, data, created_at)
-    SELECT tenant_id, effect_id, '', {DISPATCHED}, {DISPATCHING}, %(to)s, %(actor)s, NULL,
-           %(reason)s, %(evidence)s::jsonb, %(now)s
-      FROM recorded
+    SELECT r.tenant_id, r.effect_id, '', {DISPATCHED}, {DISPATCHING}, o.to_status, %(actor)s,
+           NULL, o.reason, o.evidence, %(now)s
+      FROM recorded r JOIN o ON o.effect_id = r.effect_id
 ), attempt AS (
-    UPDATE gateway_attempt SET state = {FINISHED}, outcome = %(outcome)s,
-           http_status = %(http_status)s, provider_operation_id = COALESCE(%(op_id)s, ''),
-           error = %(error)s, finished_at = %(now)s
-     WHERE id = %(attempt)s AND EXISTS (SELECT 1 FROM recorded)
+    UPDATE gateway_attempt a SET state = {FINISHED}, outcome = o.outcome,
+           http_status = o.http_status, provider_operation_id = COALESCE(o.op_id, ''),
+           error = o.error, finished_at = %(now)s
+      FROM o JOIN recorded r ON r.effect_id = o.effect_id
+     WHERE a.id = o.attempt_id
 ), receipt AS (
     INSERT INTO gateway_receipt (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
         payload_digest, digest_matches, result, result_digest, received_at, seal)
-    SELECT effect_id, %(attempt)s, {RECEIPT_DISPATCH}, provider, %(op_id)s, %(op_status)s,
-           %(op_digest)s::text, %(op_digest)s::text = command_digest, %(op_result)s::jsonb,
-           %(result_digest)s, %(now)s, %(seal)s
-      FROM recorded WHERE %(op_id)s IS NOT NULL
-)
+    SELECT r.effect_id, o.attempt_id, {RECEIPT_DISPATCH}, r.provider, o.op_id, o.op_status,
+           o.op_digest, o.op_digest = r.command_digest, o.op_result, o.result_digest,
+           %(now)s, o.seal
+      FROM recorded r JOIN o ON o.effect_id = r.effect_id
+     WHERE o.op_id IS NOT NULL
+)"""
+
+_OUTCOME_PARAMS = ", ".join(f"%({name})s::{type_} AS {name}" for name, type_ in OUTCOME_COLUMNS)
+_RECORD = _compact(f"""
+WITH o AS (SELECT {_OUTCOME_PARAMS}), {RECORD_CTES}
 SELECT count(*) FROM recorded
-"""
+""")
 
 
 def record_evidence(claim: FastClaim, result) -> dict[str, Any]:
@@ -690,60 +737,70 @@ def record_evidence(claim: FastClaim, result) -> dict[str, Any]:
     }
 
 
-def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
-    """Write the outcome at the claim's fence in one statement. False: the general path must
-    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
-    from gateway.choices import OUTCOME_STATUS
-    from gateway.lib.digest import sha256_digest
-
+def outcome_row(
+    claim: FastClaim, result, fields: dict[str, Any], *, provider: str, now: datetime
+) -> dict[str, Any]:
+    """One outcome's values (``OUTCOME_COLUMNS``): the status it leads to, the bookkeeping
+    that goes with it (``services.outcome_fields``), the event's evidence, the attempt's end,
+    and the receipt with the seal the general path gives one (gateway.checkpoints)."""
     operation = result.operation
-    evidence = record_evidence(claim, result)
-    params: dict[str, Any] = {
-        "id": claim.effect_id,
+    seal, result_digest = "", None
+    if operation is not None:
+        result_digest = sha256_digest(operation.result)
+        seal = receipt_seal(
+            ReceiptFields(
+                effect_id=claim.effect_id,
+                attempt_id=claim.attempt_id,
+                source=Receipt.Source.DISPATCH,
+                provider=provider,
+                provider_operation_id=operation.id,
+                provider_status=operation.status,
+                payload_digest=operation.payload_digest,
+                digest_matches=operation.payload_digest == claim.payload_digest,
+                result_digest=result_digest,
+                received_at=now,
+            )
+        )
+    return {
+        "effect_id": claim.effect_id,
         "fence": claim.fence,
-        "to": OUTCOME_STATUS[result.outcome],
-        "now": now,
+        "to_status": str(OUTCOME_STATUS[result.outcome]),
         "next_check": fields.get("next_check_at"),
         "next_dispatch": fields.get("next_dispatch_at"),
         "op_id": operation.id if operation else None,
         "mismatch": bool(fields.get("mismatch")),
         "confirmed": fields.get("confirmed_at"),
-        "actor": worker_actor(worker),
         "reason": result.reason,
-        "evidence": _json(evidence),
+        "evidence": record_evidence(claim, result),
         "outcome": str(result.outcome),
         "http_status": result.http_status,
         "error": (result.error or "")[:2000],
-        "attempt": claim.attempt_id,
+        "attempt_id": claim.attempt_id,
         "op_status": operation.status if operation else None,
         "op_digest": operation.payload_digest if operation else None,
-        "op_result": _json(operation.result if operation else {}),
-        "result_digest": sha256_digest(operation.result) if operation else None,
+        "op_result": operation.result if operation else {},
+        "result_digest": result_digest,
+        "seal": seal,
     }
-    params["seal"] = _receipt_seal(claim, params) if operation else ""
-    params["announced"] = ANNOUNCED
-    row = prepared.fetchone(_RECORD, params)
-    assert row is not None  # count(*): one row
-    return row[0] == 1
 
 
-def _receipt_seal(claim: FastClaim, params: dict[str, Any]) -> str:
-    """The seal the general path gives a receipt (gateway.checkpoints), over the same fields
-    the statement above writes."""
-    from gateway.checkpoints import receipt_seal
+def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
+    """Write the outcome at the claim's fence in one statement. False: the general path must
+    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
     from gateway.contracts import get_contract
 
     contract = get_contract(claim.type)
-    receipt = Receipt(
-        effect_id=claim.effect_id,
-        attempt_id=claim.attempt_id,
-        source=Receipt.Source.DISPATCH,
-        provider=contract.provider if contract else "",
-        provider_operation_id=params["op_id"],
-        provider_status=params["op_status"],
-        payload_digest=params["op_digest"],
-        digest_matches=params["op_digest"] == claim.payload_digest,
-        result_digest=params["result_digest"],
-        received_at=params["now"],
-    )
-    return receipt_seal(receipt)
+    provider = contract.provider if contract else ""
+    row = outcome_row(claim, result, fields, provider=provider, now=now)
+    params = {
+        **row,
+        "evidence": _json(row["evidence"]),
+        "op_result": _json(row["op_result"]),
+        "ids": [claim.effect_id],
+        "now": now,
+        "actor": worker_actor(worker),
+        "announced": ANNOUNCED,
+    }
+    written = prepared.fetchone(_RECORD, params)
+    assert written is not None  # count(*): one row
+    return written[0] == 1

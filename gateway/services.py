@@ -675,7 +675,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
             or not ledger.transition(
                 effect,
                 to=status,
-                actor=f"worker:{worker}",
+                actor=ledger.worker_actor(worker),
                 kind=EventKind.DISPATCHED,
                 reason=result.reason,
                 expect_fence=claim.fence,
@@ -690,7 +690,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
             ledger.append_event(
                 effect,
                 kind="stale_write_refused",
-                actor=f"worker:{worker}",
+                actor=ledger.worker_actor(worker),
                 from_status=effect.status,
                 to_status=effect.status,
                 data=evidence,
@@ -840,7 +840,7 @@ def fast_refuse_tampered(claim: fastpath.FastClaim, *, problem: str, worker: str
         fence=claim.fence,
         attempt_id=claim.attempt_id,
         problem=problem,
-        actor=f"worker:{worker}",
+        actor=ledger.worker_actor(worker),
     )
 
 
