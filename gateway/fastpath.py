@@ -223,11 +223,11 @@ _NULLS = ", ".join(["NULL"] * (len(_C_FIELDS) + len(_E_FIELDS) + len(_P_FIELDS) 
 # gives with every other column at its model default (``_row_json``), and expanded by
 # PostgreSQL into the tables' own columns: the statement names no column of either, so a
 # column added to a model is written here as soon as ``new_rows`` gives it a value.
-_COMMAND_ROW = f"jsonb_populate_record(NULL::{Command._meta.db_table}, %(command)s::jsonb)"
-_EFFECT_ROW_VALUES = f"jsonb_populate_record(NULL::{Effect._meta.db_table}, %(effect)s::jsonb)"
+_NEW_COMMAND = f"jsonb_populate_record(NULL::{Command._meta.db_table}, %(command)s::jsonb)"
+_NEW_EFFECT = f"jsonb_populate_record(NULL::{Effect._meta.db_table}, %(effect)s::jsonb)"
 _EFFECT_AND_EVENT = f"""eff AS (
     INSERT INTO {Effect._meta.db_table}
-    SELECT new.* FROM cmd, {_EFFECT_ROW_VALUES} AS new
+    SELECT new.* FROM cmd, {_NEW_EFFECT} AS new
     RETURNING effect_id
 ), ev AS (
     INSERT INTO gateway_effectevent (
@@ -259,7 +259,7 @@ SELECT false, existing.* FROM existing"""
 # A grant without a budget: the command is inserted unless the key exists.
 _SUBMIT_OR_EXISTING = _compact(f"""
 WITH cmd AS (
-    INSERT INTO {Command._meta.db_table} SELECT new.* FROM {_COMMAND_ROW} AS new
+    INSERT INTO {Command._meta.db_table} SELECT new.* FROM {_NEW_COMMAND} AS new
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING effect_id
 ), {_EFFECT_AND_EVENT}, {_EXISTING}
@@ -287,7 +287,7 @@ WITH {_EXISTING}
        AND NOT EXISTS (SELECT FROM existing)
     RETURNING k.id
 ), cmd AS (
-    INSERT INTO {Command._meta.db_table} SELECT new.* FROM reserve, {_COMMAND_ROW} AS new
+    INSERT INTO {Command._meta.db_table} SELECT new.* FROM reserve, {_NEW_COMMAND} AS new
     RETURNING effect_id
 ), {_EFFECT_AND_EVENT}{_ANSWER}
 """)
