@@ -423,3 +423,23 @@ def test_a_drain_writes_what_one_by_one_dispatch_writes(
 
     ran = parity(scenario)
     assert "claim batch" in ran and "record batch" in ran, ran
+
+
+def test_a_drain_in_a_tenant_with_a_webhook_endpoint(parity, agent, operator, sandbox, full_window):
+    """The batch record leaves each outcome the endpoint hears of to the general record,
+    which writes the outbox rows with it, and writes the one it does not (NOT_STARTED)."""
+
+    def scenario(clock):
+        endpoint_create(
+            principal=operator.principal,
+            url="http://127.0.0.1:9/hooks",
+            event_types=["effect.confirmed"],
+        )
+        ids = [submit(agent.principal, ticket(f"w{i}"), f"k{i}")[0] for i in range(3)]
+        sandbox.add_fault("fail_before_commit", times=1, provider="billing")
+        ids.append(submit(agent.principal, refund(amount=100), "not heard of")[0])
+        sent = dispatcher.drain(flag=None, worker="parity")
+        return sent, sorted(Effect.objects.filter(pk__in=ids).values_list("pk", "status"))
+
+    ran = parity(scenario)
+    assert "claim batch" in ran and "record batch" in ran, ran
