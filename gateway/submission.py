@@ -27,6 +27,13 @@ def provider_key(tenant_slug: str, idempotency_key: str) -> str:
     return f"{tenant_slug}:{idempotency_key}"
 
 
+def provider_key_tenant(key: str) -> str | None:
+    """The tenant slug a provider key names (``provider_key``'s inverse); None for a key the
+    gateway did not make."""
+    slug, separator, _ = key.partition(":")
+    return slug if separator else None
+
+
 class NewRows(NamedTuple):
     """A new command's rows, by attname: the command, its effect and its ``submitted`` event."""
 

@@ -15,6 +15,7 @@ from gateway.contracts import get_contract
 from gateway.models import Command, Effect, Receipt, Tenant
 from gateway.providers.base import CallResult, ProviderOperation
 from gateway.providers.http import classify_operation
+from gateway.submission import provider_key_tenant
 from reconciliation.choices import CaseReason, WebhookOutcome
 from reconciliation.metrics import WEBHOOKS
 from reconciliation.models import OrphanReceipt, WebhookDelivery
@@ -108,8 +109,8 @@ def webhook_receive(*, receipt: WebhookReceipt) -> tuple[WebhookDelivery, bool]:
 
 
 def _orphan(delivery: WebhookDelivery, receipt: WebhookReceipt, now: datetime) -> OrphanReceipt:
-    slug, separator, _ = receipt.idempotency_key.partition(":")
-    tenant = Tenant.objects.filter(slug=slug).first() if separator else None
+    slug = provider_key_tenant(receipt.idempotency_key)
+    tenant = Tenant.objects.filter(slug=slug).first() if slug is not None else None
     logger.warning(
         "orphan receipt",
         extra={"provider": receipt.provider, "operation_id": receipt.operation.id},
