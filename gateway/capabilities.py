@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gateway import audit, moves, trust
+from gateway import audit, hooks, moves, trust
 from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
@@ -139,6 +139,7 @@ def capability_release(command: Command) -> None:
     )
 
 
+@hooks.fast_path_idle("acts only on CANCELLED, EXPIRED or REJECTED before dispatch: never there")
 def capability_release_unsent(effect: Effect, *, from_status: str, to: str) -> None:
     """``hooks.after_transition`` listener: a command that ends without ever being sent
     (cancelled, expired, rejected before dispatch) gives its share of the grant's budget back,

@@ -106,6 +106,16 @@ OUTCOME_STATUS: dict[str, str] = {
 }
 
 
+class EventKind(models.TextChoices):
+    """The events of submission and dispatch, written by the ORM path (``gateway.services``)
+    and by the fast path's statements (``gateway.fastpath``) alike. Other events name their
+    kind where they are written."""
+
+    SUBMITTED = "submitted"
+    CLAIMED = "claimed"
+    DISPATCHED = "dispatched"
+
+
 class AttemptState(models.TextChoices):
     SENDING = "sending"
     FINISHED = "finished"

@@ -480,9 +480,7 @@ class _Drainer:
         if batch.claims:
             failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
         for claim in batch.claims:
-            logger.info(
-                "effect claimed", extra={"effect_id": claim.effect_id, "fence": claim.fence}
-            )
+            services.log_claimed(claim, worker=self.worker)
             self.pool.submit(self._send, claim, self.answers)
         moves.after_commit(claim.effect_id for claim in batch.claims)  # DISPATCHING, for waits
         self.out += len(batch.claims)
@@ -631,7 +629,7 @@ class _Drainer:
         moves.after_commit(written)
         for answer in answers:
             if answer.claim.effect_id in written:
-                services.log_recorded(answer.claim.effect_id, answer.result)
+                services.log_recorded(answer.claim.effect_id, answer.result, worker=self.worker)
             else:  # stale, or a webhook endpoint of its tenant needs its outbox row
                 services.fast_record_general(answer.claim, answer.result, worker=self.worker)
         failpoint("dispatch.after_record")  # recorded; the task not yet acknowledged

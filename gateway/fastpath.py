@@ -26,7 +26,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -34,36 +34,26 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from gateway import hooks, trust
-from gateway.choices import ApprovalState, EffectStatus
+from gateway.checkpoints import ReceiptFields, receipt_seal
+from gateway.choices import (
+    DISPATCHABLE,
+    OUTCOME_STATUS,
+    ApprovalState,
+    AttemptState,
+    EffectStatus,
+    EventKind,
+)
 from gateway.errors import ValidationProblem
+from gateway.ledger import worker_actor
 from gateway.lib import prepared
-from gateway.models import Capability, Command, Effect, Principal, Receipt, new_effect_id
+from gateway.lib.digest import sha256_digest
+from gateway.models import Capability, Command, Effect, Principal, Receipt
+from gateway.submission import NewRows
 from gateway.webhooks.choices import EVENT_FOR_STATUS
 from gateway.webhooks.models import WebhookEndpoint
 
 S = EffectStatus
 
-
-# What the statements below account for, by name. The claim and the record skip
-# ``hooks.after_transition`` and ``hooks.dispatch_holds``: each listener here is provably idle
-# on the rows they touch, because of a condition in their WHERE clause or because of the
-# statuses involved. A listener or hold not in these sets turns the fast path off (the
-# general path calls every listener) until its condition is written here.
-_ACCOUNTED_LISTENERS = frozenset(
-    {
-        # acts only on CANCELLED / EXPIRED / REJECTED-before-dispatch: never here
-        "gateway.capabilities.capability_release_unsent",
-        # record: only when no enabled endpoint of the tenant subscribes to the outcome's
-        # event (ANNOUNCED); claim: DISPATCHING announces nothing
-        "gateway.webhooks.apps.announce_transition",
-        # both statements require c.saga_id = ''
-        "sagas.listeners.advance_after_transition",
-        # their callers publish what the statements changed (services._dispatch_fast and the
-        # drainer's claim and record: gateway.moves)
-        "gateway.moves.after_transition",
-    }
-)
-_ACCOUNTED_HOLDS = frozenset({"frozen saga"})  # the claim requires c.saga_id = ''
 
 # The webhook event each outcome of a dispatch announces (``webhooks.choices.EVENT_FOR_STATUS``;
 # from DISPATCHING no approval event can fire), as the records bind it: a record writes on
@@ -74,16 +64,35 @@ _ACCOUNTED_HOLDS = frozenset({"frozen saga"})  # the claim requires c.saga_id = 
 ANNOUNCED = json.dumps({str(status): str(event) for status, event in EVENT_FOR_STATUS.items()})
 
 
-def _listener_name(listener: Any) -> str:
-    return f"{getattr(listener, '__module__', '?')}.{getattr(listener, '__qualname__', '?')}"
-
-
 def enabled() -> bool:
+    """Whether the statements below may run: the claim and the record call none of
+    ``hooks.after_transition`` and ask none of ``hooks.dispatch_holds``, so each must say it
+    may be skipped (``hooks.fast_path_idle``); the general path calls every one."""
     if not settings.GATEWAY_FAST_PATH:
         return False
-    return all(
-        _listener_name(listener) in _ACCOUNTED_LISTENERS for listener in hooks.after_transition
-    ) and all(hold.name in _ACCOUNTED_HOLDS for hold in hooks.dispatch_holds)
+    return hooks.after_transition.fast_path_may_skip() and hooks.dispatch_holds.fast_path_may_skip()
+
+
+def sql_literal(value: str) -> str:
+    """A Python definition (a status, a kind, a default) as an SQL literal. The statements
+    render them once, at import: their text stays constant, so each is still prepared once
+    per connection (``gateway.lib.prepared``), and says what the enum says."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def sql_literals(values) -> str:
+    """Several, for ``IN (...)`` (sorted: the text must not depend on a set's order)."""
+    return ", ".join(sql_literal(value) for value in sorted(values))
+
+
+# Rendered once (see ``sql_literal``).
+DISPATCHING = sql_literal(S.DISPATCHING)
+PREPARED = sql_literal(S.PREPARED)
+DISPATCHABLE_IN = sql_literals(DISPATCHABLE)
+NO_SAGA = sql_literal(Command._meta.get_field("saga_id").get_default())
+RECEIPT_DISPATCH = sql_literal(Receipt.Source.DISPATCH)
+FINISHED = sql_literal(AttemptState.FINISHED)
+DISPATCHED = sql_literal(EventKind.DISPATCHED)
 
 
 def _json(value: Any) -> str:
@@ -210,34 +219,21 @@ _P_COLS, _P_FIELDS = _columns(Principal, "p")
 # Insert, or read what the key already names: one statement, one snapshot. The read half
 # returns a row only when the insert did nothing (the key exists); then nothing is written.
 _NULLS = ", ".join(["NULL"] * (len(_C_FIELDS) + len(_E_FIELDS) + len(_P_FIELDS) + len(_R_FIELDS)))
-_COMMAND_COLUMNS = """
-    INSERT INTO gateway_command (
-        effect_id, tenant_id, type, provider, idempotency_key, provider_key, payload_digest,
-        resource, resource_type, resource_id, resource_version, payload_sealed,
-        payload_redacted, intent, context, requested_by_id, capability_id, budget_amount,
-        approval_required, compensates_id, saga_id, saga_step, expires_at, created_at,
-        contract_version)"""
-_COMMAND_VALUES = """%(id)s, %(tenant)s, %(type)s, %(provider)s, %(key)s, %(provider_key)s,
-        %(digest)s, %(resource)s::jsonb, %(resource_type)s, %(resource_id)s,
-        %(resource_version)s, %(sealed)s, %(redacted)s::jsonb, %(intent)s::jsonb,
-        %(context)s::jsonb, %(principal)s, %(capability)s, %(reserved)s,
-        %(approval_required)s, NULL, '', '', %(expires)s, %(now)s, %(ver)s"""
-_EFFECT_AND_EVENT = """eff AS (
-    INSERT INTO gateway_effect (
-        effect_id, tenant_id, type, owner, status, status_changed_at, fence, attempt_count,
-        lease_expires_at, next_dispatch_at, next_check_at, check_count, frozen, mismatch,
-        escalated, provider_operation_id, confirmed_at, approval_state, approved_by_id,
-        approved_digest, approved_at, compensated_by_id, created_at, updated_at)
-    SELECT effect_id, %(tenant)s, %(type)s, %(owner)s, %(status)s, %(now)s, 0, 0, NULL,
-        %(next_dispatch)s, NULL, 0, false, false, false, '', NULL, %(approval_state)s, NULL,
-        '', NULL, NULL, %(now)s, %(now)s
-    FROM cmd
+# The command and effect rows are bound as one JSON object each, the rows ``submission.new_rows``
+# gives with every other column at its model default (``_row_json``), and expanded by
+# PostgreSQL into the tables' own columns: the statement names no column of either, so a
+# column added to a model is written here as soon as ``new_rows`` gives it a value.
+_NEW_COMMAND = f"jsonb_populate_record(NULL::{Command._meta.db_table}, %(command)s::jsonb)"
+_NEW_EFFECT = f"jsonb_populate_record(NULL::{Effect._meta.db_table}, %(effect)s::jsonb)"
+_EFFECT_AND_EVENT = f"""eff AS (
+    INSERT INTO {Effect._meta.db_table}
+    SELECT new.* FROM cmd, {_NEW_EFFECT} AS new
     RETURNING effect_id
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
         reason, data, created_at)
-    SELECT %(tenant)s, effect_id, '', 'submitted', '', %(status)s, %(actor)s, %(principal)s,
+    SELECT %(tenant)s, effect_id, '', %(kind)s, '', %(status)s, %(actor)s, %(principal)s,
         %(reason)s, %(event_data)s::jsonb, %(now)s
     FROM eff
     RETURNING effect_id
@@ -262,8 +258,8 @@ SELECT false, existing.* FROM existing"""
 
 # A grant without a budget: the command is inserted unless the key exists.
 _SUBMIT_OR_EXISTING = _compact(f"""
-WITH cmd AS ({_COMMAND_COLUMNS}
-    VALUES ({_COMMAND_VALUES})
+WITH cmd AS (
+    INSERT INTO {Command._meta.db_table} SELECT new.* FROM {_NEW_COMMAND} AS new
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING effect_id
 ), {_EFFECT_AND_EVENT}, {_EXISTING}
@@ -290,8 +286,8 @@ WITH {_EXISTING}
        AND (k.budget_amount IS NULL OR k.spent_amount <= k.budget_amount - %(reserved)s)
        AND NOT EXISTS (SELECT FROM existing)
     RETURNING k.id
-), cmd AS ({_COMMAND_COLUMNS}
-    SELECT {_COMMAND_VALUES} FROM reserve
+), cmd AS (
+    INSERT INTO {Command._meta.db_table} SELECT new.* FROM reserve, {_NEW_COMMAND} AS new
     RETURNING effect_id
 ), {_EFFECT_AND_EVENT}{_ANSWER}
 """)
@@ -416,130 +412,33 @@ def _existing_from_row(row, principal: Principal) -> Effect:
 
 
 def submit(
-    *,
-    principal: Principal,
-    contract,
-    idempotency_key: str,
-    digest: str,
-    resource: dict,
-    payload: dict,
-    intent: Any,
-    context: Any,
-    expires_in: Any,
-    sealed: str,
-    redacted: dict,
-    grant: Grant | None,
-    now,
-    effect_id: str | None = None,
+    *, principal: Principal, rows: NewRows, payload: dict, grant: Grant | None
 ) -> Written | None:
     """Insert command + effect + event (reserving on a budgeted ``grant``), or find the key's
-    existing effect: one statement.
+    existing effect: one statement. ``rows`` are the rows the general path would write
+    (``submission.new_rows``), under ``grant``'s capability and amount.
 
     None when the existing row was committed after this statement's snapshot (a concurrent
     submission of the same key), or the grant's budget did not take: the caller decides the
     general way.
     """
-    capability = grant.capability if grant else None
-    reserved = grant.amount if grant else 0
-    needs_approval = contract.requires_approval(payload)
-    status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
-    # The caller names the id when the payload is sealed bound to it (gateway.integrity).
-    effect_id = effect_id or new_effect_id()
-    expires_at = now + timedelta(seconds=expires_in or 3600)
-    next_dispatch = (
-        None if needs_approval else now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
-    )
-    approval_state = ApprovalState.PENDING if needs_approval else ApprovalState.NOT_REQUIRED
-    reason = ("waiting for an approver: " + contract.approval.description) if needs_approval else ""
-    params: dict[str, Any] = {
-        "id": effect_id,
-        "tenant": principal.tenant_id,
-        "type": contract.type,
-        "ver": contract.version,  # short: the statements must fit the 4096-byte parse cache
-        "provider": contract.provider,
-        "key": idempotency_key,
-        "provider_key": f"{principal.tenant.slug}:{idempotency_key}",
-        "digest": digest,
-        "resource": _json(resource),
-        "resource_type": resource["type"],
-        "resource_id": resource["id"],
-        "resource_version": resource.get("version"),
-        "sealed": sealed,
-        "redacted": _json(redacted),
-        "intent": _json(intent or {}),
-        "context": _json(context or {}),
-        "principal": principal.pk,
-        "capability": capability.pk if capability else None,
-        "reserved": reserved,
-        "approval_required": needs_approval,
-        "expires": expires_at,
-        "now": now,
-        "owner": contract.owner,
-        "status": status,
-        "next_dispatch": next_dispatch,
-        "approval_state": approval_state,
-        "actor": principal.label,
-        "reason": reason,
-        "event_data": _json({"idempotency_key": idempotency_key, "payload_digest": digest}),
-    }
+    alias = connection.alias
+    command = _built(Command, _C_FIELDS, alias, **rows.command)
+    effect = _built(Effect, _E_FIELDS, alias, **rows.effect)
+    params = _submit_params(principal, command, effect, rows.event)
     if grant is not None and grant.budgeted:
         row = _reserving(params)
     else:
         row = prepared.fetchone(_SUBMIT_OR_EXISTING, params)
     if row is None:
         return None
-    known_keys.add((principal.tenant_id, idempotency_key))
+    known_keys.add((principal.tenant_id, command.idempotency_key))
     if not row[0]:
         return Written(_existing_from_row(row[1:], principal), created=False)
-    alias = connection.alias
-    command = _built(
-        Command,
-        _C_FIELDS,
-        alias,
-        effect_id=effect_id,
-        tenant_id=principal.tenant_id,
-        type=contract.type,
-        contract_version=contract.version,
-        provider=contract.provider,
-        idempotency_key=idempotency_key,
-        provider_key=params["provider_key"],
-        payload_digest=digest,
-        resource=resource,
-        resource_type=resource["type"],
-        resource_id=resource["id"],
-        resource_version=resource.get("version"),
-        payload_sealed=sealed,
-        payload_redacted=redacted,
-        intent=intent or {},
-        context=context or {},
-        requested_by_id=principal.pk,
-        capability_id=capability.pk if capability else None,
-        budget_amount=reserved,
-        approval_required=needs_approval,
-        saga_id="",
-        saga_step="",
-        expires_at=expires_at,
-        created_at=now,
-    )
-    effect = _built(
-        Effect,
-        _E_FIELDS,
-        alias,
-        command_id=effect_id,
-        tenant_id=principal.tenant_id,
-        type=contract.type,
-        owner=contract.owner,
-        status=status,
-        status_changed_at=now,
-        approval_state=approval_state,
-        next_dispatch_at=next_dispatch,
-        created_at=now,
-        updated_at=now,
-    )
     # The related objects the keyword constructors would have cached (the answer reads them).
     _cache(command, "tenant", principal.tenant)
     _cache(command, "requested_by", principal)
-    _cache(command, "capability", capability)
+    _cache(command, "capability", grant.capability if grant else None)
     _cache(effect, "tenant", principal.tenant)
     _cache(effect, "command", command)
     Effect._meta.get_field("command").remote_field.set_cached_value(command, effect)
@@ -547,6 +446,40 @@ def submit(
     # The submitter's own payload, as sent: the answer needs no decryption.
     effect._clear_payload = payload
     return Written(effect, created=True)
+
+
+def _submit_params(principal: Principal, command, effect, event: dict[str, Any]) -> dict:
+    return {
+        "tenant": principal.tenant_id,
+        "key": command.idempotency_key,
+        "command": _row_json(command, _C_FIELDS),
+        "effect": _row_json(effect, _E_FIELDS),
+        "capability": command.capability_id,
+        "reserved": command.budget_amount,
+        "now": command.created_at,
+        "principal": principal.pk,
+        "status": event["to_status"],
+        "kind": event["kind"],
+        "actor": event["actor"],
+        "reason": event["reason"],
+        "event_data": _json(event["data"]),
+    }
+
+
+def _row_json(instance, fields) -> str:
+    """The instance's row as ``jsonb_populate_record`` reads it: every column by name; times
+    as ISO 8601 with their offset (PostgreSQL reads them back to the microsecond)."""
+    return json.dumps(
+        {field.column: getattr(instance, field.attname) for field in fields},
+        separators=(",", ":"),
+        default=_iso,
+    )
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not a column value this statement binds")
 
 
 def _reserving(params: dict[str, Any]):
@@ -573,14 +506,14 @@ def _reserving(params: dict[str, Any]):
 # (anything else: the general path refuses). No SQL comment in here: ``_compact`` puts the
 # statement on one line. Parameters: now, lease, budgets (``attempt_budgets``),
 # approved_after, actor, worker.
-CLAIM_CHECKS = """
+CLAIM_CHECKS = f"""
 c.effect_id = e.effect_id AND p.id = c.requested_by_id
 AND c.expires_at > %(now)s
 AND budget.type = e.type AND e.attempt_count < budget.attempts
 AND NOT p.frozen
-AND c.saga_id = ''
+AND c.saga_id = {NO_SAGA}
 AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
-AND (NOT c.approval_required OR (e.approval_state = 'approved'
+AND (NOT c.approval_required OR (e.approval_state = {sql_literal(ApprovalState.APPROVED)}
                                  AND e.approved_digest = c.payload_digest))
 AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                  WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
@@ -595,7 +528,7 @@ def claim_ctes(locked: str) -> str:
     return f"""
 claimed AS (
     UPDATE gateway_effect e
-       SET status = 'DISPATCHING', fence = e.fence + 1, attempt_count = e.attempt_count + 1,
+       SET status = {DISPATCHING}, fence = e.fence + 1, attempt_count = e.attempt_count + 1,
            next_dispatch_at = NULL, lease_expires_at = %(lease)s, status_changed_at = %(now)s,
            updated_at = %(now)s
       FROM {locked}, gateway_command c, gateway_principal p,
@@ -610,15 +543,16 @@ claimed AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
         reason, data, created_at)
-    SELECT tenant_id, effect_id, '', 'claimed', from_status, 'DISPATCHING', %(actor)s, NULL,
+    SELECT tenant_id, effect_id, '', {sql_literal(EventKind.CLAIMED)}, from_status, {DISPATCHING},
+           %(actor)s, NULL,
            'attempt ' || attempt_count, jsonb_build_object('fence', fence), %(now)s
       FROM claimed
 ), attempt AS (
     INSERT INTO gateway_attempt (
         effect_id, number, fence, worker, state, outcome, http_status, provider_operation_id,
         error, started_at, finished_at)
-    SELECT effect_id, attempt_count, fence, %(worker)s, 'sending', '', NULL, '', '', %(now)s,
-           NULL
+    SELECT effect_id, attempt_count, fence, %(worker)s, {sql_literal(AttemptState.SENDING)}, '',
+           NULL, '', '', %(now)s, NULL
       FROM claimed
     RETURNING id, effect_id
 )"""
@@ -629,7 +563,7 @@ claimed AS (
 CLAIM_RETURNING = """
 claimed.effect_id, claimed.tenant_id, claimed.fence, claimed.attempt_count,
 claimed.check_count, claimed.type, claimed.provider_key, claimed.resource,
-claimed.payload_sealed, claimed.payload_digest, attempt.id"""
+claimed.payload_sealed, claimed.payload_digest, attempt.id, claimed.from_status"""
 
 
 def attempt_budgets() -> str:
@@ -652,7 +586,7 @@ def claim_params(*, now, worker: str, budgets: str) -> dict[str, Any]:
         "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
         "budgets": budgets,
         "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
-        "actor": f"worker:{worker}",
+        "actor": worker_actor(worker),
         "worker": worker,
     }
 
@@ -660,7 +594,7 @@ def claim_params(*, now, worker: str, budgets: str) -> dict[str, Any]:
 _CLAIM = _compact(f"""
 WITH old AS (
     SELECT effect_id, status FROM gateway_effect
-    WHERE effect_id = %(id)s AND status IN ('PREPARED', 'NOT_STARTED') AND NOT frozen
+    WHERE effect_id = %(id)s AND status IN ({DISPATCHABLE_IN}) AND NOT frozen
     FOR UPDATE
 ), {claim_ctes("old")}
 SELECT {CLAIM_RETURNING}
@@ -681,6 +615,7 @@ class FastClaim:
     resource: dict
     payload_sealed: str
     payload_digest: str
+    from_status: str  # what the claim moved it from (PREPARED, NOT_STARTED)
 
 
 def claim(*, effect_id: str, worker: str) -> FastClaim | None:
@@ -696,55 +631,95 @@ def claim(*, effect_id: str, worker: str) -> FastClaim | None:
 
 def claim_from_row(row) -> FastClaim:
     """A claim from the columns of ``CLAIM_RETURNING``."""
-    (eid, tenant_id, fence, number, checks, type_, key, resource, sealed, digest, aid) = row[:11]
+    (eid, tenant_id, fence, number, checks, type_, key, resource, sealed, digest, aid, from_) = row[
+        :12
+    ]
     if isinstance(resource, str):
         resource = json.loads(resource)
     return FastClaim(
-        eid, tenant_id, fence, aid, number, checks, type_, key, resource, sealed, digest
+        eid, tenant_id, fence, aid, number, checks, type_, key, resource, sealed, digest, from_
     )
 
 
 # --- 3. record ---------------------------------------------------------------------------------
 
-_RECORD = f"""
-WITH recorded AS (
+# One outcome's values, named and typed once for both records: the single record binds them
+# as parameters (``o`` is then one row), the drainer's batch record as the rows of one JSON
+# array (gateway.fastpath_batch). ``outcome_row`` gives them.
+OUTCOME_COLUMNS = (
+    ("effect_id", "text"),
+    ("fence", "bigint"),
+    ("to_status", "text"),
+    ("next_check", "timestamptz"),
+    ("next_dispatch", "timestamptz"),
+    ("op_id", "text"),
+    ("mismatch", "bool"),
+    ("confirmed", "timestamptz"),
+    ("reason", "text"),
+    ("evidence", "jsonb"),
+    ("outcome", "text"),
+    ("http_status", "int"),
+    ("error", "text"),
+    ("attempt_id", "bigint"),
+    ("op_status", "text"),
+    ("op_digest", "text"),
+    ("op_result", "jsonb"),
+    ("result_digest", "text"),
+    ("seal", "text"),
+)
+
+# The record, written once for both callers: each outcome of ``o`` at its claim's fence
+# (status, ``dispatched`` event, attempt end, receipt), only for a command that compensates
+# nothing and belongs to no saga (those need their own writes) and a tenant without an
+# enabled endpoint subscribed to the outcome's event (ANNOUNCED). ``recorded`` names the
+# effects written; the caller records the others the general way. No SQL comment in here
+# (``_compact``). Parameters: ids (the effects of ``o``), now, actor, announced.
+RECORD_CTES = f"""
+recorded AS (
     UPDATE gateway_effect e
-       SET status = %(to)s, status_changed_at = %(now)s, updated_at = %(now)s,
-           lease_expires_at = NULL, next_check_at = %(next_check)s,
-           next_dispatch_at = %(next_dispatch)s,
-           provider_operation_id = COALESCE(%(op_id)s, e.provider_operation_id),
-           mismatch = e.mismatch OR %(mismatch)s,
-           confirmed_at = COALESCE(%(confirmed)s, e.confirmed_at)
-      FROM gateway_command c
-     WHERE e.effect_id = %(id)s AND e.status = 'DISPATCHING' AND e.fence = %(fence)s
-       AND c.effect_id = e.effect_id AND c.compensates_id IS NULL AND c.saga_id = ''
+       SET status = o.to_status, status_changed_at = %(now)s, updated_at = %(now)s,
+           lease_expires_at = NULL, next_check_at = o.next_check,
+           next_dispatch_at = o.next_dispatch,
+           provider_operation_id = COALESCE(o.op_id, e.provider_operation_id),
+           mismatch = e.mismatch OR o.mismatch,
+           confirmed_at = COALESCE(o.confirmed, e.confirmed_at)
+      FROM o, gateway_command c
+     WHERE e.effect_id = ANY(%(ids)s::text[]) AND e.effect_id = o.effect_id
+       AND e.status = {DISPATCHING} AND e.fence = o.fence
+       AND c.effect_id = e.effect_id AND c.compensates_id IS NULL AND c.saga_id = {NO_SAGA}
        AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
                         WHERE w.tenant_id = e.tenant_id AND w.enabled
-                          AND w.event_types ? (%(announced)s::jsonb ->> %(to)s))
+                          AND w.event_types ? (%(announced)s::jsonb ->> o.to_status))
     RETURNING e.effect_id, e.tenant_id, c.provider, c.payload_digest AS command_digest
 ), ev AS (
     INSERT INTO gateway_effectevent (
         tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
         reason, data, created_at)
-    SELECT tenant_id, effect_id, '', 'dispatched', 'DISPATCHING', %(to)s, %(actor)s, NULL,
-           %(reason)s, %(evidence)s::jsonb, %(now)s
-      FROM recorded
+    SELECT r.tenant_id, r.effect_id, '', {DISPATCHED}, {DISPATCHING}, o.to_status, %(actor)s,
+           NULL, o.reason, o.evidence, %(now)s
+      FROM recorded r JOIN o ON o.effect_id = r.effect_id
 ), attempt AS (
-    UPDATE gateway_attempt SET state = 'finished', outcome = %(outcome)s,
-           http_status = %(http_status)s, provider_operation_id = COALESCE(%(op_id)s, ''),
-           error = %(error)s, finished_at = %(now)s
-     WHERE id = %(attempt)s AND EXISTS (SELECT 1 FROM recorded)
+    UPDATE gateway_attempt a SET state = {FINISHED}, outcome = o.outcome,
+           http_status = o.http_status, provider_operation_id = COALESCE(o.op_id, ''),
+           error = o.error, finished_at = %(now)s
+      FROM o JOIN recorded r ON r.effect_id = o.effect_id
+     WHERE a.id = o.attempt_id
 ), receipt AS (
     INSERT INTO gateway_receipt (
         effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
         payload_digest, digest_matches, result, result_digest, received_at, seal)
-    SELECT effect_id, %(attempt)s, 'dispatch', provider, %(op_id)s, %(op_status)s,
-           %(op_digest)s::text, %(op_digest)s::text = command_digest, %(op_result)s::jsonb,
-           %(result_digest)s, %(now)s, %(seal)s
-      FROM recorded WHERE %(op_id)s IS NOT NULL
-)
+    SELECT r.effect_id, o.attempt_id, {RECEIPT_DISPATCH}, r.provider, o.op_id, o.op_status,
+           o.op_digest, o.op_digest = r.command_digest, o.op_result, o.result_digest,
+           %(now)s, o.seal
+      FROM recorded r JOIN o ON o.effect_id = r.effect_id
+     WHERE o.op_id IS NOT NULL
+)"""
+
+_OUTCOME_PARAMS = ", ".join(f"%({name})s::{type_} AS {name}" for name, type_ in OUTCOME_COLUMNS)
+_RECORD = _compact(f"""
+WITH o AS (SELECT {_OUTCOME_PARAMS}), {RECORD_CTES}
 SELECT count(*) FROM recorded
-"""
+""")
 
 
 def record_evidence(claim: FastClaim, result) -> dict[str, Any]:
@@ -762,60 +737,70 @@ def record_evidence(claim: FastClaim, result) -> dict[str, Any]:
     }
 
 
-def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
-    """Write the outcome at the claim's fence in one statement. False: the general path must
-    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
-    from gateway.choices import OUTCOME_STATUS
-    from gateway.lib.digest import sha256_digest
-
+def outcome_row(
+    claim: FastClaim, result, fields: dict[str, Any], *, provider: str, now: datetime
+) -> dict[str, Any]:
+    """One outcome's values (``OUTCOME_COLUMNS``): the status it leads to, the bookkeeping
+    that goes with it (``services.outcome_fields``), the event's evidence, the attempt's end,
+    and the receipt with the seal the general path gives one (gateway.checkpoints)."""
     operation = result.operation
-    evidence = record_evidence(claim, result)
-    params: dict[str, Any] = {
-        "id": claim.effect_id,
+    seal, result_digest = "", None
+    if operation is not None:
+        result_digest = sha256_digest(operation.result)
+        seal = receipt_seal(
+            ReceiptFields(
+                effect_id=claim.effect_id,
+                attempt_id=claim.attempt_id,
+                source=Receipt.Source.DISPATCH,
+                provider=provider,
+                provider_operation_id=operation.id,
+                provider_status=operation.status,
+                payload_digest=operation.payload_digest,
+                digest_matches=operation.payload_digest == claim.payload_digest,
+                result_digest=result_digest,
+                received_at=now,
+            )
+        )
+    return {
+        "effect_id": claim.effect_id,
         "fence": claim.fence,
-        "to": OUTCOME_STATUS[result.outcome],
-        "now": now,
+        "to_status": str(OUTCOME_STATUS[result.outcome]),
         "next_check": fields.get("next_check_at"),
         "next_dispatch": fields.get("next_dispatch_at"),
         "op_id": operation.id if operation else None,
         "mismatch": bool(fields.get("mismatch")),
         "confirmed": fields.get("confirmed_at"),
-        "actor": f"worker:{worker}",
         "reason": result.reason,
-        "evidence": _json(evidence),
+        "evidence": record_evidence(claim, result),
         "outcome": str(result.outcome),
         "http_status": result.http_status,
         "error": (result.error or "")[:2000],
-        "attempt": claim.attempt_id,
+        "attempt_id": claim.attempt_id,
         "op_status": operation.status if operation else None,
         "op_digest": operation.payload_digest if operation else None,
-        "op_result": _json(operation.result if operation else {}),
-        "result_digest": sha256_digest(operation.result) if operation else None,
+        "op_result": operation.result if operation else {},
+        "result_digest": result_digest,
+        "seal": seal,
     }
-    params["seal"] = _receipt_seal(claim, params) if operation else ""
-    params["announced"] = ANNOUNCED
-    row = prepared.fetchone(_RECORD, params)
-    assert row is not None  # count(*): one row
-    return row[0] == 1
 
 
-def _receipt_seal(claim: FastClaim, params: dict[str, Any]) -> str:
-    """The seal the general path gives a receipt (gateway.checkpoints), over the same fields
-    the statement above writes."""
-    from gateway.checkpoints import receipt_seal
+def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
+    """Write the outcome at the claim's fence in one statement. False: the general path must
+    (a stale claim, or a compensation / saga / webhook endpoint that needs its own writes)."""
     from gateway.contracts import get_contract
 
     contract = get_contract(claim.type)
-    receipt = Receipt(
-        effect_id=claim.effect_id,
-        attempt_id=claim.attempt_id,
-        source=Receipt.Source.DISPATCH,
-        provider=contract.provider if contract else "",
-        provider_operation_id=params["op_id"],
-        provider_status=params["op_status"],
-        payload_digest=params["op_digest"],
-        digest_matches=params["op_digest"] == claim.payload_digest,
-        result_digest=params["result_digest"],
-        received_at=params["now"],
-    )
-    return receipt_seal(receipt)
+    provider = contract.provider if contract else ""
+    row = outcome_row(claim, result, fields, provider=provider, now=now)
+    params = {
+        **row,
+        "evidence": _json(row["evidence"]),
+        "op_result": _json(row["op_result"]),
+        "ids": [claim.effect_id],
+        "now": now,
+        "actor": worker_actor(worker),
+        "announced": ANNOUNCED,
+    }
+    written = prepared.fetchone(_RECORD, params)
+    assert written is not None  # count(*): one row
+    return written[0] == 1

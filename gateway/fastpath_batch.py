@@ -13,9 +13,9 @@ work (``gateway.dispatcher``) uses these instead. The rules are the same, over a
   them to the general path, which decides what each needs (expire, reject, re-ask approval,
   escalate). Committed before any provider is called.
 - **record_batch**: writes each outcome at its claim's fence (status, event, attempt end,
-  receipt) under the conditions of ``fastpath._RECORD``; it returns the effects it wrote, and
-  the caller records the others the general way (a stale claim, a compensation, a tenant with
-  a webhook endpoint).
+  receipt) with the single record's own CTEs (``fastpath.RECORD_CTES``); it returns the
+  effects it wrote, and the caller records the others the general way (a stale claim, a
+  compensation, a tenant with a webhook endpoint).
 
 "Due" is what the dispatch sweep would send (``effect_dispatch_due``): PREPARED with a
 dispatch time (a new or approved command), or NOT_STARTED once its retry backoff has passed.
@@ -26,6 +26,7 @@ locks what it may not send and never picks it again and again. PostgreSQL only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -34,25 +35,26 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from gateway.checkpoints import ReceiptFields, receipt_seal
-from gateway.choices import OUTCOME_STATUS
 from gateway.fastpath import (
     ANNOUNCED,
     CLAIM_RETURNING,
+    DISPATCHABLE_IN,
+    NO_SAGA,
+    OUTCOME_COLUMNS,
+    PREPARED,
+    RECORD_CTES,
     FastClaim,
     _compact,
-    _json,
+    _iso,
     attempt_budgets,
     claim_ctes,
     claim_from_row,
     claim_params,
-    record_evidence,
+    outcome_row,
 )
+from gateway.ledger import worker_actor
 from gateway.lib import prepared
-from gateway.lib.digest import sha256_digest
-from gateway.models import Receipt
-from gateway.providers.base import CallResult, ProviderOperation
-from gateway.webhooks.models import WebhookEndpoint
+from gateway.providers.base import CallResult
 
 
 def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -68,14 +70,14 @@ def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
 # steps): the drainer's claim locks these (``due``), and the drain without the fast path reads
 # them (``_DUE``). ``fastpath.claim_ctes`` then claims the locked rows under every check of
 # the single claim (tests/gateway/test_dispatch_batch.py runs each refusal through both).
-_DUE_WHERE = """
+_DUE_WHERE = f"""
     FROM gateway_effect e
     JOIN gateway_command c ON c.effect_id = e.effect_id
     JOIN gateway_principal p ON p.id = c.requested_by_id
-   WHERE e.status IN ('NOT_STARTED', 'PREPARED') AND NOT e.frozen
+   WHERE e.status IN ({DISPATCHABLE_IN}) AND NOT e.frozen
      AND e.next_dispatch_at IS NOT NULL
-     AND (e.status = 'PREPARED' OR e.next_dispatch_at <= %(now)s)
-     AND c.saga_id = '' AND NOT p.frozen
+     AND (e.status = {PREPARED} OR e.next_dispatch_at <= %(now)s)
+     AND c.saga_id = {NO_SAGA} AND NOT p.frozen
      AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                       WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
      AND e.effect_id <> ALL(%(skip)s::text[])
@@ -91,7 +93,8 @@ WITH due AS (
 SELECT {CLAIM_RETURNING}, claimed.provider, claimed.compensates
   FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
 UNION ALL
-SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL
   FROM due WHERE NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.effect_id = due.effect_id)
 """)
 
@@ -134,7 +137,7 @@ def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = 
             refused.append(row[0])
             continue
         claim = claim_from_row(row)
-        provider, compensates = row[11:]
+        provider, compensates = row[12:]
         claims.append(BatchClaim(**vars(claim), provider=provider, compensates=compensates))
     return Batch(claims, refused)
 
@@ -152,61 +155,18 @@ def due_effect_ids(*, limit: int, skip: list[str] | tuple[str, ...] = ()) -> lis
 
 # --- record -----------------------------------------------------------------------------------
 
-# One row per outcome (``o``), written under ``fastpath._RECORD``'s conditions. The command's
-# part of them (no compensation, no saga) was read by the claim (commands never change): the
-# caller passes only such outcomes. The outcomes arrive as one JSON array of rows (``_row``),
-# not an array per column: psycopg inspects and dumps every element of every list it binds,
-# and 21 lists of a batch's values were most of this statement's CPU in the worker
-# (measured with tests/benchmarks/pg_cost.py; jsonb, not json: with its parse, the
-# cheaper of the two for PostgreSQL at a full batch). The effect rows are named by
-# ``= ANY(ids)`` as well: the planner knows nothing of ``o``'s rows, and without statistics
-# (no ANALYZE yet) it chose to scan a whole table to join them.
+# One row per outcome (``o``), written by ``fastpath.RECORD_CTES`` (the single record's own
+# statement). The outcomes arrive as one JSON array of rows (``fastpath.outcome_row``), not an
+# array per column: psycopg inspects and dumps every element of every list it binds, and 21
+# lists of a batch's values were most of this statement's CPU in the worker (jsonb, not
+# json: with its parse, the cheaper of the two for PostgreSQL at a full batch). The effect
+# rows are named by ``= ANY(ids)`` as well: the planner knows nothing of ``o``'s rows, and
+# without statistics (no ANALYZE yet) it chose to scan a whole table to join them.
+_OUTCOME_TYPES = ", ".join(f"{name} {type_}" for name, type_ in OUTCOME_COLUMNS)
 _RECORD_BATCH = _compact(f"""
 WITH o AS (
-    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
-      AS o (effect_id text, fence bigint, to_status text, next_check timestamptz,
-            next_dispatch timestamptz, op_id text, mismatch bool, confirmed timestamptz,
-            reason text, evidence jsonb, outcome text, http_status int, error text,
-            attempt_id bigint, op_status text, op_digest text, op_result jsonb,
-            result_digest text, seal text, provider text, command_digest text)
-), recorded AS (
-    UPDATE gateway_effect e
-       SET status = o.to_status, status_changed_at = %(now)s, updated_at = %(now)s,
-           lease_expires_at = NULL, next_check_at = o.next_check,
-           next_dispatch_at = o.next_dispatch,
-           provider_operation_id = COALESCE(o.op_id, e.provider_operation_id),
-           mismatch = e.mismatch OR o.mismatch,
-           confirmed_at = COALESCE(o.confirmed, e.confirmed_at)
-      FROM o
-     WHERE e.effect_id = ANY(%(ids)s::text[]) AND e.effect_id = o.effect_id
-       AND e.status = 'DISPATCHING' AND e.fence = o.fence
-       AND NOT EXISTS (SELECT 1 FROM {WebhookEndpoint._meta.db_table} w
-                        WHERE w.tenant_id = e.tenant_id AND w.enabled
-                          AND w.event_types ? (%(announced)s::jsonb ->> o.to_status))
-    RETURNING e.effect_id, e.tenant_id
-), ev AS (
-    INSERT INTO gateway_effectevent (
-        tenant_id, effect_id, subject, kind, from_status, to_status, actor, principal_id,
-        reason, data, created_at)
-    SELECT r.tenant_id, r.effect_id, '', 'dispatched', 'DISPATCHING', o.to_status, %(actor)s,
-           NULL, o.reason, o.evidence, %(now)s
-      FROM recorded r JOIN o ON o.effect_id = r.effect_id
-), attempt AS (
-    UPDATE gateway_attempt a SET state = 'finished', outcome = o.outcome,
-           http_status = o.http_status, provider_operation_id = COALESCE(o.op_id, ''),
-           error = o.error, finished_at = %(now)s
-      FROM o JOIN recorded r ON r.effect_id = o.effect_id
-     WHERE a.id = o.attempt_id
-), receipt AS (
-    INSERT INTO gateway_receipt (
-        effect_id, attempt_id, source, provider, provider_operation_id, provider_status,
-        payload_digest, digest_matches, result, result_digest, received_at, seal)
-    SELECT r.effect_id, o.attempt_id, 'dispatch', o.provider, o.op_id, o.op_status,
-           o.op_digest, o.op_digest = o.command_digest, o.op_result, o.result_digest,
-           %(now)s, o.seal
-      FROM recorded r JOIN o ON o.effect_id = r.effect_id
-     WHERE o.op_id IS NOT NULL
-)
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS o ({_OUTCOME_TYPES})
+), {RECORD_CTES}
 SELECT effect_id FROM recorded
 """)
 
@@ -224,74 +184,20 @@ class Answer:
 def record_batch(*, answers: list[Answer], worker: str, now: datetime) -> set[str]:
     """Write each outcome at its claim's fence, in one statement. Returns the effects written;
     the others need the general record (stale, or a webhook endpoint of the tenant that hears
-    of the outcome). Pass no
-    compensation (``claim.compensates``): its record settles the original, the general way."""
+    of the outcome). Pass no compensation (``claim.compensates``): its record settles the
+    original, the general way."""
     assert not any(answer.claim.compensates for answer in answers)
+    rows = [
+        outcome_row(answer.claim, answer.result, answer.fields, provider=answer.claim.provider,
+                    now=now)
+        for answer in answers
+    ]  # fmt: skip
     params = {
-        "rows": _json([_row(answer, now) for answer in answers]),
+        # Times as ISO 8601 with their offset: PostgreSQL reads them back to the microsecond.
+        "rows": json.dumps(rows, separators=(",", ":"), default=_iso),
         "ids": [answer.claim.effect_id for answer in answers],
         "now": now,
-        "actor": f"worker:{worker}",
+        "actor": worker_actor(worker),
         "announced": ANNOUNCED,  # an endpoint that hears of the outcome: the general record
     }
     return {effect_id for (effect_id,) in _execute(_RECORD_BATCH, params)}
-
-
-def _row(answer: Answer, now: datetime) -> dict[str, Any]:
-    """One outcome's values, as ``fastpath.record`` binds them, for ``jsonb_to_recordset``:
-    times as ISO 8601 with their offset (PostgreSQL reads them back to the microsecond), the
-    event's evidence and the provider's result as JSON values (the columns are jsonb)."""
-    claim, result, fields = answer.claim, answer.result, answer.fields
-    operation = result.operation
-    error = result.error or ""
-    seal, result_digest = "", None
-    if operation is not None:
-        result_digest = sha256_digest(operation.result)
-        seal = _seal(claim, operation, result_digest=result_digest, now=now)
-    return {
-        "effect_id": claim.effect_id,
-        "fence": claim.fence,
-        "to_status": str(OUTCOME_STATUS[result.outcome]),
-        "next_check": _iso(fields.get("next_check_at")),
-        "next_dispatch": _iso(fields.get("next_dispatch_at")),
-        "op_id": operation.id if operation else None,
-        "mismatch": bool(fields.get("mismatch")),
-        "confirmed": _iso(fields.get("confirmed_at")),
-        "reason": result.reason,
-        "evidence": record_evidence(claim, result),
-        "outcome": str(result.outcome),
-        "http_status": result.http_status,
-        "error": error[:2000],
-        "attempt_id": claim.attempt_id,
-        "op_status": operation.status if operation else None,
-        "op_digest": operation.payload_digest if operation else None,
-        "op_result": operation.result if operation else {},
-        "result_digest": result_digest,
-        "seal": seal,
-        "provider": claim.provider,
-        "command_digest": claim.payload_digest,
-    }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
-def _seal(
-    claim: BatchClaim, operation: ProviderOperation, *, result_digest: str, now: datetime
-) -> str:
-    """The seal the general path gives a receipt (gateway.checkpoints), over the fields the
-    statement above writes."""
-    receipt = ReceiptFields(
-        effect_id=claim.effect_id,
-        attempt_id=claim.attempt_id,
-        source=Receipt.Source.DISPATCH,
-        provider=claim.provider,
-        provider_operation_id=operation.id,
-        provider_status=operation.status,
-        payload_digest=operation.payload_digest,
-        digest_matches=operation.payload_digest == claim.payload_digest,
-        result_digest=result_digest,
-        received_at=now,
-    )
-    return receipt_seal(receipt)

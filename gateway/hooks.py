@@ -9,12 +9,16 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
 - ``after_transition(effect, from_status=, to=)``: inside the transaction of every status
   change, right after its event (the webhook outbox records its row; a saga is told, after
   commit; a never-sent command gives its capability budget back).
+  A listener the fast path's claim and record statements may skip says so where it is
+  defined, with the reason (``@hooks.fast_path_idle("…")``); one that does not say so turns
+  the fast path off while it is registered (``gateway.fastpath.enabled``).
 - ``effect_created(effect)``: inside the transaction that submits a new command, once its
   effect row and first event exist (the outbox announces an effect that waits for approval:
   an agent waits on that state although no transition led to it).
 - ``dispatch_holds``: what keeps an effect from being sent although it is dispatchable (its
   saga is frozen). ``holds(effect)`` is asked by the claim; ``exclude(query)`` narrows the
-  dispatch sweep, so that held effects are not re-enqueued every sweep for nothing.
+  dispatch sweep, so that held effects are not re-enqueued every sweep for nothing; a hold
+  the fast path's claim cannot meet says why in its ``fast_path_idle``.
 - ``mismatch_found(effect, actor=, reason=)``: inside the transaction that records that an
   effect disagrees with its command (the saga is frozen).
 - ``dispatch_sender``: the one task that hands an effect to a worker (``gateway.tasks``
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -56,11 +60,30 @@ class MismatchFound(Protocol):
 @dataclass(frozen=True)
 class DispatchHold:
     """Why a dispatchable effect waits: ``holds`` for one effect (the claim), ``exclude`` for
-    the sweep's query (the same rule, in SQL)."""
+    the sweep's query (the same rule, in SQL). ``fast_path_idle``: why the fast path's claim
+    never meets an effect this holds (empty: it may, and the fast path stays off)."""
 
     name: str
     holds: Callable[[Effect], bool]
     exclude: Callable[[QuerySet[Effect]], QuerySet[Effect]]
+    fast_path_idle: str = ""
+
+
+_Listener = TypeVar("_Listener", bound=Callable[..., Any])
+
+
+def fast_path_idle(reason: str) -> Callable[[_Listener], _Listener]:
+    """Say of an ``after_transition`` listener that the fast path's claim and record
+    statements (``gateway.fastpath``), which call no listener, may skip it, and why: it is
+    idle on every row they write (a condition of their WHERE clause, or the statuses
+    involved), or their callers do its work. The reason is read by people; its presence by
+    ``Registry.fast_path_may_skip``."""
+
+    def mark(listener: _Listener) -> _Listener:
+        setattr(listener, "fast_path_idle", reason)  # noqa: B010 (a function's attribute)
+        return listener
+
+    return mark
 
 
 class Registry[L]:
@@ -81,6 +104,11 @@ class Registry[L]:
 
     def __len__(self) -> int:
         return len(self._listeners)
+
+    def fast_path_may_skip(self) -> bool:
+        """Whether every listener says the fast path's statements may skip it (a
+        ``fast_path_idle`` reason: ``hooks.fast_path_idle``, ``DispatchHold.fast_path_idle``)."""
+        return all(getattr(listener, "fast_path_idle", "") for listener in self._listeners)
 
     def __repr__(self) -> str:
         return f"<Registry {self.name}: {len(self._listeners)} listener(s)>"

@@ -124,12 +124,23 @@ def transition(
     for name, value in fields.items():
         if not hasattr(value, "resolve_expression"):
             setattr(effect, name, value)
-    logger.info(
-        "effect transition",
-        extra={"effect_id": effect.pk, "from": from_status, "to": to, "actor": actor},
-    )
+    log_transition(effect.pk, from_status=from_status, to=to, actor=actor)
     _after_transition(effect, from_status=from_status, to=to)
     return True
+
+
+def log_transition(effect_id: str, *, from_status: str, to: str, actor: str) -> None:
+    """The log line of a status change, written by ``transition`` and by the fast path's
+    callers for the changes its statements make (the same fields either way)."""
+    logger.info(
+        "effect transition",
+        extra={"effect_id": effect_id, "from": from_status, "to": to, "actor": actor},
+    )
+
+
+def worker_actor(worker: str) -> str:
+    """How a worker is named in events and logs (``worker_name``: host and pid)."""
+    return f"worker:{worker}"
 
 
 # What a compensation's end means for the effect it compensates.

@@ -33,6 +33,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from gateway.hooks import fast_path_idle
 from gateway.lib import broker
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,10 @@ def after_commit(effect_ids: Iterable[str]) -> None:
         transaction.on_commit(lambda: published(ids))
 
 
+@fast_path_idle(
+    "the fast path's callers publish what its statements change (services._dispatch_fast, "
+    "the drainer's claim and record)"
+)
 def after_transition(effect, *, from_status: str, to: str) -> None:
     """``hooks.after_transition``: every ``ledger.transition``, after its commit."""
     after_commit([effect.pk])

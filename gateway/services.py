@@ -17,16 +17,14 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
-from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
-from gateway import audit, capabilities, fastpath, hooks, ledger, moves
+from gateway import audit, capabilities, fastpath, hooks, ledger, moves, submission
 from gateway.choices import APPROVER_ROLES as APPROVER_ROLES
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -35,6 +33,7 @@ from gateway.choices import (
     ApprovalState,
     AttemptState,
     EffectStatus,
+    EventKind,
     Outcome,
     Role,
 )
@@ -65,12 +64,11 @@ from gateway.lib.vault import seal_bound
 from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
+from gateway.sweep import dispatch_sweep as dispatch_sweep
 
 logger = logging.getLogger(__name__)
 
 S = EffectStatus
-MAX_EXPIRES_IN = 7 * 24 * 3600
-DEFAULT_EXPIRES_IN = 3600
 
 
 def worker_name() -> str:
@@ -84,64 +82,6 @@ def worker_name() -> str:
 class Submission:
     effect: Effect
     created: bool
-
-
-def _validate_submission(
-    *,
-    contract: EffectContract | None,
-    effect_type: Any,
-    resource: Any,
-    payload: Any,
-    intent: Any,
-    context: Any,
-    expires_in: Any,
-) -> dict[str, list[str]]:
-    errors: dict[str, list[str]] = {}
-    if contract is None:
-        errors["type"] = [f"unknown effect type {effect_type!r}; see GET /api/v1/effect-types"]
-    if not isinstance(resource, dict):
-        errors["resource"] = ["must be an object with type, id and (where needed) version"]
-    else:
-        if contract and resource.get("type") != contract.resource_type:
-            errors["resource.type"] = [f"must be {contract.resource_type!r} for this type"]
-        rid = resource.get("id")
-        if not isinstance(rid, str) or not rid or len(rid) > 200:
-            errors["resource.id"] = ["must be a non-empty string of at most 200 characters"]
-        version = resource.get("version")
-        if version is None:
-            if contract and contract.resource_version_required:
-                errors["resource.version"] = ["required: the version you expect to change"]
-        elif isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            errors["resource.version"] = ["must be a non-negative integer"]
-        extra = set(resource) - {"type", "id", "version"}
-        if extra:
-            errors["resource"] = [f"unexpected fields: {', '.join(sorted(extra))}"]
-    if not isinstance(payload, dict):
-        errors["payload"] = ["must be an object"]
-    elif contract:
-        for error in sorted(
-            contract.payload_validator.iter_errors(payload), key=lambda e: list(e.path)
-        ):
-            path = ".".join(str(part) for part in error.path)
-            errors.setdefault(f"payload.{path}" if path else "payload", []).append(error.message)
-    if intent is not None and not isinstance(intent, dict):
-        errors["intent"] = ["must be an object (summary, task_id, plan_revision)"]
-    elif isinstance(intent, dict):
-        summary = intent.get("summary")
-        if summary is not None and (not isinstance(summary, str) or len(summary) > 4000):
-            errors["intent.summary"] = ["must be a string of at most 4000 characters"]
-        revision = intent.get("plan_revision")
-        if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)):
-            errors["intent.plan_revision"] = ["must be an integer"]
-    if context is not None and not isinstance(context, dict):
-        errors["context"] = ["must be an object"]
-    if expires_in is not None and (
-        isinstance(expires_in, bool)
-        or not isinstance(expires_in, int)
-        or not 1 <= expires_in <= MAX_EXPIRES_IN
-    ):
-        errors["expires_in"] = [f"must be whole seconds from 1 to {MAX_EXPIRES_IN}"]
-    return errors
 
 
 def command_submit(
@@ -166,7 +106,7 @@ def command_submit(
     """
     ledger.validate_idempotency_key(idempotency_key, what="command")
     contract = get_contract(type) if isinstance(type, str) else None
-    errors = _validate_submission(
+    errors = submission.validate(
         contract=contract,
         effect_type=type,
         resource=resource,
@@ -182,93 +122,20 @@ def command_submit(
         raise NotPermitted(f"A principal with role {principal.role} cannot submit commands.")
     if principal.frozen:
         raise NotPermitted(f"Principal {principal.name} is frozen.")
-
     digest = payload_digest(type=contract.type, resource=resource, payload=payload)
+    request = _Request(principal, contract, idempotency_key, digest, resource, payload, intent,
+                       context, expires_in)  # fmt: skip
     if compensates is None and not saga_id and fastpath.enabled():
-        fast = _submit_fast(principal, contract, idempotency_key, digest, resource, payload,
-                            intent, context, expires_in)  # fmt: skip
+        fast = _submit_fast(request)
         if fast is not None:
             return fast
     existing = _existing_command(principal, idempotency_key, digest)
     if existing is not None:
         return Submission(existing, created=False)
-
-    now = timezone.now()
-    effect_id = new_effect_id()
-    needs_approval = contract.requires_approval(payload)
-    status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     try:
         with transaction.atomic():
-            capability, reserved = capabilities.capability_reserve(
-                principal=principal, contract=contract, resource=resource, payload=payload
-            )
-            command = Command.objects.create(
-                effect_id=effect_id,
-                tenant_id=principal.tenant_id,
-                type=contract.type,
-                contract_version=contract.version,
-                provider=contract.provider,
-                idempotency_key=idempotency_key,
-                provider_key=f"{principal.tenant.slug}:{idempotency_key}",
-                payload_digest=digest,
-                resource=resource,
-                resource_type=resource["type"],
-                resource_id=resource["id"],
-                resource_version=resource.get("version"),
-                # Bound to this command: a ciphertext copied from another row won't open.
-                payload_sealed=seal_bound(
-                    payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
-                ),
-                payload_redacted=redact(payload, contract),
-                intent=intent or {},
-                context=context or {},
-                requested_by=principal,
-                capability=capability,
-                budget_amount=reserved,
-                approval_required=needs_approval,
-                compensates=compensates,
-                saga_id=saga_id or "",
-                saga_step=saga_step,
-                expires_at=now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),
-                created_at=now,
-            )
-            effect = Effect.objects.create(
-                command=command,
-                tenant_id=principal.tenant_id,
-                type=contract.type,
-                owner=contract.owner,
-                status=status,
-                status_changed_at=now,
-                approval_state=(
-                    ApprovalState.PENDING if needs_approval else ApprovalState.NOT_REQUIRED
-                ),
-                # If the message below is lost, the sweeper sends it again after this.
-                next_dispatch_at=(
-                    None
-                    if needs_approval
-                    else now + timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)
-                ),
-                created_at=now,
-                updated_at=now,
-            )
-            ledger.append_event(
-                effect,
-                kind="submitted",
-                actor=principal.label,
-                principal=principal,
-                to_status=status,
-                now=now,
-                reason=("waiting for an approver: " + contract.approval.description)
-                if needs_approval
-                else "",
-                data={"idempotency_key": idempotency_key, "payload_digest": digest},
-            )
-            for listener in hooks.effect_created:
-                listener(effect)
-            if not needs_approval and saga_id:
-                ledger.enqueue_dispatch(effect.pk)  # a saga's step: sent on its own
-            elif not needs_approval:
-                ledger.enqueue_due(effect.pk)
+            effect = _submit_general(request, compensates=compensates, saga_id=saga_id or "",
+                                     saga_step=saga_step)  # fmt: skip
     except IntegrityError:
         # Another request with this key committed first: it is the one effect for the key.
         existing = _existing_command(principal, idempotency_key, digest)
@@ -278,44 +145,113 @@ def command_submit(
     return Submission(effect, created=True)
 
 
-def _submit_fast(principal, contract, key, digest, resource, payload, intent, context, expires_in):
+class _Request(NamedTuple):
+    """A valid submission, as both paths write it."""
+
+    principal: Principal
+    contract: EffectContract
+    key: str
+    digest: str
+    resource: dict[str, Any]
+    payload: dict[str, Any]
+    intent: Any
+    context: Any
+    expires_in: Any
+
+    def rows(self, *, effect_id: str, capability_id: str | None, reserved: int, now, **saga):
+        """The rows to write (``submission.new_rows``), the payload sealed and redacted."""
+        digest = self.digest
+        return submission.new_rows(
+            effect_id=effect_id,
+            principal=self.principal,
+            contract=self.contract,
+            idempotency_key=self.key,
+            digest=digest,
+            resource=self.resource,
+            payload=self.payload,
+            intent=self.intent,
+            context=self.context,
+            expires_in=self.expires_in,
+            # Bound to this command: a ciphertext copied from another row won't open.
+            sealed=seal_bound(
+                self.payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
+            ),
+            redacted=redact(self.payload, self.contract),
+            capability_id=capability_id,
+            reserved=reserved,
+            now=now,
+            **saga,
+        )
+
+
+def _submit_general(
+    request: _Request, *, compensates: Command | None, saga_id: str, saga_step: str
+) -> Effect:
+    """Reserve on a grant and write the command, its effect and its event, in the caller's
+    transaction; a saga's step is handed to a worker on its own, any other is due."""
+    principal, now = request.principal, timezone.now()
+    capability, reserved = capabilities.capability_reserve(
+        principal=principal,
+        contract=request.contract,
+        resource=request.resource,
+        payload=request.payload,
+    )
+    rows = request.rows(
+        effect_id=new_effect_id(),
+        capability_id=capability.pk if capability else None,
+        reserved=reserved,
+        now=now,
+        compensates_id=compensates.pk if compensates else None,
+        saga_id=saga_id,
+        saga_step=saga_step,
+    )
+    command = Command(**rows.command)
+    command.requested_by, command.capability = principal, capability
+    command.compensates = compensates
+    command.save(force_insert=True)
+    effect = Effect(**rows.effect)
+    effect.command = command
+    effect.save(force_insert=True)
+    ledger.append_event(effect, principal=principal, now=now, **rows.event)
+    for listener in hooks.effect_created:
+        listener(effect)
+    if effect.status == S.PREPARED and saga_id:
+        ledger.enqueue_dispatch(effect.pk)  # a saga's step: sent on its own
+    elif effect.status == S.PREPARED:
+        ledger.enqueue_due(effect.pk)
+    return effect
+
+
+def _submit_fast(request: _Request) -> Submission | None:
     """The one-statement submission (gateway.fastpath), for a command that belongs to no saga
     and compensates nothing; a budget is reserved in the same statement. None when the
     general path must decide."""
+    principal, key, digest = request.principal, request.key, request.digest
     if (principal.tenant_id, key) in fastpath.known_keys:
         # A replay, most likely (an agent retrying): one SELECT, no seal, no insert attempt.
         existing = fastpath.replay(principal=principal, idempotency_key=key)
         if existing is not None:
             _check_replay_digest(existing.command, key, digest)
             return Submission(existing, created=False)
-    if len(hooks.effect_created) and contract.requires_approval(payload):
+    if len(hooks.effect_created) and request.contract.requires_approval(request.payload):
         # A command that waits for an approver is announced (hooks.effect_created) in the
         # transaction that writes it, which is the general path's; the wait is human anyway.
         return None
     now = timezone.now()
     grant = None
     if principal.role == Role.AGENT:
-        grant = fastpath.submission_grant(principal, contract, resource, payload, now)
+        grant = fastpath.submission_grant(
+            principal, request.contract, request.resource, request.payload, now
+        )
         if grant is None:
             return None  # no grant, or an amount it refuses: the general path says why
-    effect_id = new_effect_id()
-    written = fastpath.submit(
-        effect_id=effect_id,
-        principal=principal,
-        contract=contract,
-        idempotency_key=key,
-        digest=digest,
-        resource=resource,
-        payload=payload,
-        intent=intent,
-        context=context,
-        expires_in=expires_in,
-        # Bound to this command: a ciphertext copied from another row won't open.
-        sealed=seal_bound(payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)),
-        redacted=redact(payload, contract),
-        grant=grant,
+    rows = request.rows(
+        effect_id=new_effect_id(),
+        capability_id=grant.capability.pk if grant else None,
+        reserved=grant.amount if grant else 0,
         now=now,
     )
+    written = fastpath.submit(principal=principal, rows=rows, payload=request.payload, grant=grant)
     if written is None:
         return None
     if not written.created:
@@ -569,59 +505,20 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
     before the provider is called. None when there is nothing to send (another worker got it,
     it is frozen, expired, or out of attempts)."""
     now = timezone.now()
+    actor = ledger.worker_actor(worker)
     with transaction.atomic():
         effect = Effect.objects.select_related("command__requested_by").filter(pk=effect_id).first()
         if effect is None or effect.status not in DISPATCHABLE or effect.frozen:
             return None
         if any(hold.holds(effect) for hold in hooks.dispatch_holds):
             return None  # e.g. its saga is frozen: nothing of it is sent
-        if effect.command.expires_at <= now:
-            effect_expire(effect=effect, actor=f"worker:{worker}")
-            return None
-        blocker = capabilities.dispatch_blocker(effect.command, now=now)
-        if blocker is not None:
-            reason, final = blocker
-            if final:
-                ledger.transition(
-                    effect,
-                    to=S.REJECTED,
-                    actor=f"worker:{worker}",
-                    kind="authorisation_lost",
-                    reason=f"{reason}; it was never sent",
-                    next_dispatch_at=None,
-                )
-            return None
-        if _approval_expired(effect, now):
-            assert effect.approved_at is not None  # _approval_expired says it was approved
-            ledger.transition(
-                effect,
-                to=S.AWAITING_APPROVAL,
-                actor=f"worker:{worker}",
-                kind="approval_expired",
-                reason=f"approved at {effect.approved_at.isoformat()}, more than "
-                f"{settings.GATEWAY_APPROVAL_TTL:.0f}s before dispatch: approve it again",
-                approval_state=ApprovalState.EXPIRED,
-                next_dispatch_at=None,
-            )
+        if _refused_before_claim(effect, now=now, actor=actor):
             return None
         payload, problem = verified_payload(effect)
         if problem:
-            effect_refuse_tampered(effect=effect, problem=problem, actor=f"worker:{worker}")
+            effect_refuse_tampered(effect=effect, problem=problem, actor=actor)
             return None
-        contract = get_contract(effect.type)
-        budget = contract.recovery.max_dispatch_attempts if contract else 1
-        if effect.attempt_count >= budget:
-            if effect.next_dispatch_at is not None:
-                audit.lock_chain(effect.tenant_id)  # chain head before the row
-                ledger.annotate(
-                    effect,
-                    expect_status=effect.status,
-                    fields={"next_dispatch_at": None, "escalated": True},
-                    kind="retry_budget_exhausted",
-                    actor=f"worker:{worker}",
-                    reason=f"{effect.attempt_count} attempts, none reached the provider",
-                    now=now,
-                )
+        if _attempts_spent(effect, now=now, actor=actor):
             return None
         fence = effect.fence + 1
         number = effect.attempt_count + 1
@@ -630,8 +527,8 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         if not ledger.transition(
             effect,
             to=S.DISPATCHING,
-            actor=f"worker:{worker}",
-            kind="claimed",
+            actor=actor,
+            kind=EventKind.CLAIMED,
             reason=f"attempt {number}",
             expect_fence=effect.fence,
             data={"fence": fence},
@@ -656,6 +553,64 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         attempt_number=number,
         payload=payload,
     )
+
+
+def _refused_before_claim(effect: Effect, *, now, actor: str) -> bool:
+    """Whether the claim may not send ``effect`` now: its command expired (EXPIRED), its
+    grant is gone (REJECTED) or it waits (a frozen principal or type), or its approval is
+    too old (asked again). Writes the transition each of those leads to, in the claim's
+    transaction."""
+    if effect.command.expires_at <= now:
+        effect_expire(effect=effect, actor=actor)
+        return True
+    blocker = capabilities.dispatch_blocker(effect.command, now=now)
+    if blocker is not None:
+        reason, final = blocker
+        if final:
+            ledger.transition(
+                effect,
+                to=S.REJECTED,
+                actor=actor,
+                kind="authorisation_lost",
+                reason=f"{reason}; it was never sent",
+                next_dispatch_at=None,
+            )
+        return True
+    if _approval_expired(effect, now):
+        assert effect.approved_at is not None  # _approval_expired says it was approved
+        ledger.transition(
+            effect,
+            to=S.AWAITING_APPROVAL,
+            actor=actor,
+            kind="approval_expired",
+            reason=f"approved at {effect.approved_at.isoformat()}, more than "
+            f"{settings.GATEWAY_APPROVAL_TTL:.0f}s before dispatch: approve it again",
+            approval_state=ApprovalState.EXPIRED,
+            next_dispatch_at=None,
+        )
+        return True
+    return False
+
+
+def _attempts_spent(effect: Effect, *, now, actor: str) -> bool:
+    """Whether ``effect`` has used its contract's attempt budget; the first time it is found
+    so, it is escalated to a human and taken off the dispatch schedule."""
+    contract = get_contract(effect.type)
+    budget = contract.recovery.max_dispatch_attempts if contract else 1
+    if effect.attempt_count < budget:
+        return False
+    if effect.next_dispatch_at is not None:
+        audit.lock_chain(effect.tenant_id)  # chain head before the row
+        ledger.annotate(
+            effect,
+            expect_status=effect.status,
+            fields={"next_dispatch_at": None, "escalated": True},
+            kind="retry_budget_exhausted",
+            actor=actor,
+            reason=f"{effect.attempt_count} attempts, none reached the provider",
+            now=now,
+        )
+    return True
 
 
 class _Counts(NamedTuple):
@@ -720,8 +675,8 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
             or not ledger.transition(
                 effect,
                 to=status,
-                actor=f"worker:{worker}",
-                kind="dispatched",
+                actor=ledger.worker_actor(worker),
+                kind=EventKind.DISPATCHED,
                 reason=result.reason,
                 expect_fence=claim.fence,
                 data=evidence,
@@ -735,7 +690,7 @@ def effect_record_outcome(*, claim: Claim, result: CallResult, worker: str) -> E
             ledger.append_event(
                 effect,
                 kind="stale_write_refused",
-                actor=f"worker:{worker}",
+                actor=ledger.worker_actor(worker),
                 from_status=effect.status,
                 to_status=effect.status,
                 data=evidence,
@@ -814,7 +769,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     claim = fastpath.claim(effect_id=effect_id, worker=worker)
     if claim is None:
         return None
-    logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    log_claimed(claim, worker=worker)
     moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     sent = fast_send(claim)
@@ -831,7 +786,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         now=now,
     ):
         moves.after_commit([effect_id])
-        log_recorded(effect_id, sent.result)
+        log_recorded(effect_id, sent.result, worker=worker)
     else:  # stale, or a compensation / saga / webhook endpoint needs the general record
         fast_record_general(claim, sent.result, worker=worker)
     failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
@@ -885,7 +840,7 @@ def fast_refuse_tampered(claim: fastpath.FastClaim, *, problem: str, worker: str
         fence=claim.fence,
         attempt_id=claim.attempt_id,
         problem=problem,
-        actor=f"worker:{worker}",
+        actor=ledger.worker_actor(worker),
     )
 
 
@@ -902,10 +857,23 @@ def fast_record_general(claim: fastpath.FastClaim, result: CallResult, *, worker
     effect_record_outcome(claim=general, result=result, worker=worker)
 
 
-def log_recorded(effect_id: str, result: CallResult) -> None:
-    logger.info(
-        "effect transition",
-        extra={"effect_id": effect_id, "from": S.DISPATCHING, "to": OUTCOME_STATUS[result.outcome]},
+def log_claimed(claim: fastpath.FastClaim, *, worker: str) -> None:
+    """The log line ``ledger.transition`` writes for the claim, for a fast claim."""
+    ledger.log_transition(
+        claim.effect_id,
+        from_status=claim.from_status,
+        to=S.DISPATCHING,
+        actor=ledger.worker_actor(worker),
+    )
+
+
+def log_recorded(effect_id: str, result: CallResult, *, worker: str) -> None:
+    """The log line ``ledger.transition`` writes for the record, for a fast record."""
+    ledger.log_transition(
+        effect_id,
+        from_status=S.DISPATCHING,
+        to=OUTCOME_STATUS[result.outcome],
+        actor=ledger.worker_actor(worker),
     )
 
 
@@ -943,99 +911,3 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
     from gateway.metrics import DISPATCH_SECONDS
 
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
-
-
-def redeliver_at(now: datetime) -> Any:
-    """When the sweeper may send an overdue effect's message again (an SQL expression on the
-    row): after as long as the effect has waited so far, at least GATEWAY_REDELIVER_AFTER and
-    at most GATEWAY_REDELIVER_MAX.
-
-    The first message is most likely waiting behind a backlog, not lost: a fixed interval
-    re-sent every waiting effect every 30 s (300 effects queued → 1983 messages, 1620 of them
-    no-ops that lengthened the very backlog). Doubling the wait bounds the copies per effect
-    by log2(backlog / interval) and still resends a truly lost message within the cap.
-    """
-    waited = ExpressionWrapper(Value(now) - F("status_changed_at"), output_field=DurationField())
-    wait = Least(
-        Greatest(Value(timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)), waited),
-        Value(timedelta(seconds=settings.GATEWAY_REDELIVER_MAX)),
-    )
-    return ExpressionWrapper(Value(now) + wait, output_field=DateTimeField())
-
-
-def dispatch_sweep(*, limit: int = 500) -> int:
-    """Re-send PREPARED/NOT_STARTED effects whose dispatch has gone quiet, and expire the ones
-    whose command ran out. The broker can lose a message; the ledger cannot.
-
-    An overdue effect is most often waiting behind a backlog, not lost: a drainer is at work
-    and will claim it with the rest. So the first time a drain would take it (PREPARED, not a
-    saga's step), the sweeper wakes one more drainer for all of them at once instead of a
-    message each; one message per overdue effect had each sent through the single dispatch,
-    the dearest path, while the backlog lasted (9,050 overdue at once in one profiled pass of
-    the bench: half the worker's samples went to publishing and running those messages).
-    Held effects (a frozen principal or type) are no drain's: during a backlog they wait, as
-    they must, and once unfrozen they are due to every drain again (the next one takes them,
-    or the sweep's first look after the drainers stop sends them one by one).
-    While a drainer is at work (it claimed in the last few seconds: ``hooks.drainers_at_work``)
-    that holds at every look, however long the backlog lasts. Otherwise an effect overdue
-    again (a wake-up nobody answered: no drainer threads, or Redis lost it), a NOT_STARTED
-    one (its retry time, which a drain respects, was just pushed back) and a saga's step get
-    their own message, as always. ``_first_look`` says how the sweeper tells a second look.
-    """
-    now = timezone.now()
-    expired = 0
-    for effect in Effect.objects.select_related("command").filter(
-        status__in=BEFORE_DISPATCH, command__expires_at__lte=now
-    )[:limit]:
-        with transaction.atomic():
-            expired += effect_expire(effect=effect, actor="sweeper")
-    waiting = Effect.objects.filter(
-        status__in=DISPATCHABLE, next_dispatch_at__lte=now, frozen=False
-    )
-    # Effects held (a frozen saga) wait where they are: sending them to a worker that will
-    # refuse them every sweep is noise.
-    for hold in hooks.dispatch_holds:
-        waiting = hold.exclude(waiting)
-    # One batch: the due rows locked and pushed back in two statements, however many.
-    # SKIP LOCKED against a second sweeper (two beats, a misconfiguration) and against a
-    # worker claiming one of them right now; even a double enqueue sends once (the claim).
-    with transaction.atomic():
-        due = list(
-            waiting.order_by("next_dispatch_at")
-            .select_for_update(skip_locked=True, of=("self",))
-            .values_list("pk", "status", "status_changed_at", "command__saga_id")[:limit]
-        )
-        if due:
-            Effect.objects.filter(pk__in=[row[0] for row in due]).update(
-                next_dispatch_at=redeliver_at(now)
-            )
-    drains_take = [row for row in due if row[1] == S.PREPARED and not row[3]]
-    at_work = bool(drains_take) and _drainers_at_work()
-    drained = [row[0] for row in drains_take if at_work or _first_look(now, row[2])]
-    if drained:
-        # One wake-up past the due flag, whoever holds it: a drainer claims every PREPARED
-        # effect, in order of next_dispatch_at, until none is left.
-        ledger.publish(hooks.wake_sender.send, f"sweep: {len(drained)} overdue")
-    for effect_id in {row[0] for row in due} - set(drained):
-        ledger.publish(hooks.dispatch_sender.send, effect_id)
-    return len(due) + expired
-
-
-def _drainers_at_work() -> bool:
-    """Whether a drainer claimed work in the last few seconds (``hooks.drainers_at_work``);
-    False when Redis cannot say: the sweep then sends what it saw before one by one."""
-    try:
-        return hooks.drainers_at_work.ask()
-    except Exception:
-        logger.warning("could not ask whether a drainer is at work", exc_info=True)
-        return False
-
-
-def _first_look(now: datetime, status_changed_at: datetime) -> bool:
-    """Whether the sweeper sees an overdue PREPARED effect for the first time. Without a
-    column for it: such an effect is due ``GATEWAY_REDELIVER_AFTER`` after its status changed
-    (submission or approval), and each look pushes it back by at least as long as it has
-    waited (``redeliver_at``), so at a second look it has waited at least twice that. A
-    sweeper that was down longer than that sends one by one, as before: the old way is always
-    correct, only dearer."""
-    return now - status_changed_at < 2 * timedelta(seconds=settings.GATEWAY_REDELIVER_AFTER)

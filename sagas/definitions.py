@@ -22,6 +22,7 @@ import jsonschema
 
 from gateway.contracts import EffectContract, get_contract
 from gateway.lib import jsonin
+from gateway.submission import DEFAULT_EXPIRES_IN
 from sagas.choices import FailureAction, Trigger
 
 # --- what a step can read -------------------------------------------------------------------
@@ -145,7 +146,7 @@ class Step:
     precondition: Precondition | None = None
     on_failure: FailurePolicy = COMPENSATE_ON_FAILURE
     # Seconds the step's command may wait (for an approver, a retry) before it expires.
-    expires_in: int = 3600
+    expires_in: int = DEFAULT_EXPIRES_IN
 
     @property
     def contract(self) -> EffectContract:

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from gateway import ledger
-from gateway.hooks import DispatchHold
+from gateway.hooks import DispatchHold, fast_path_idle
 from gateway.models import Effect
 from sagas.models import SagaRun
 from sagas.selectors import saga_blocks_dispatch
@@ -24,6 +24,7 @@ from sagas.services import saga_freeze
 from sagas.tasks import advance_saga
 
 
+@fast_path_idle("the claim and the record require c.saga_id = '': no step of a saga")
 def advance_after_transition(effect: Effect, *, from_status: str, to: str) -> None:
     saga_id = effect.command.saga_id
     if saga_id:
@@ -39,7 +40,12 @@ def _exclude_frozen(query: QuerySet[Effect]) -> QuerySet[Effect]:
     return query.exclude(command__saga_id__in=SagaRun.objects.filter(frozen=True).values("pk"))
 
 
-FROZEN_SAGA = DispatchHold("frozen saga", holds=_held, exclude=_exclude_frozen)
+FROZEN_SAGA = DispatchHold(
+    "frozen saga",
+    holds=_held,
+    exclude=_exclude_frozen,
+    fast_path_idle="the claim requires c.saga_id = '': no step of a saga",
+)
 
 
 def freeze_on_mismatch(effect: Effect, *, actor: str, reason: str) -> None:

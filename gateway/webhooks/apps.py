@@ -1,6 +1,12 @@
 from django.apps import AppConfig
 
+from gateway.hooks import fast_path_idle
 
+
+@fast_path_idle(
+    "the record writes on its own only when no enabled endpoint of the tenant subscribes to "
+    "the outcome's event (fastpath.ANNOUNCED); a claim's DISPATCHING announces nothing"
+)
 def announce_transition(effect, *, from_status: str, to: str) -> None:
     """``hooks.after_transition`` listener: the outbox rows of a status change commit (or roll
     back) with it."""

@@ -73,115 +73,19 @@ def _escalate(effect: Effect, count: int, case: str, reason: str) -> Verdict:
 def _judge(
     effect: Effect, contract: EffectContract, lookup_by: str, lookup: LookupResult, now: datetime
 ) -> Verdict:
-    command = effect.command
     count = effect.check_count + 1
     exhausted = effect.escalated or count >= contract.recovery.reconcile_budget
     later = now + ledger.backoff(settings.GATEWAY_RECONCILE_BACKOFF, count)
 
     if lookup.status == ProviderLookupStatus.FOUND and lookup.operation is not None:
-        found = classify_operation(
-            lookup.operation,
-            expected_digest=command.payload_digest,
-            completion_statuses=contract.completion_statuses,
-            http_status=lookup.http_status,
+        judged = _judge_found(
+            effect, contract, lookup_by, lookup, now, count=count, exhausted=exhausted, later=later
         )
-        op_fields = {"check_count": count, "provider_operation_id": lookup.operation.id}
-        if found.mismatch:
-            return Verdict(
-                RecordOutcome.MISMATCH,
-                f"{found.reason}: never re-executed, never confirmed; the owner decides",
-                to=S.UNKNOWN,
-                fields={**op_fields, "mismatch": True, "next_check_at": None},
-                found=found,
-                receipt=True,
-                case=CaseReason.MISMATCH,
-                mismatch=True,
-            )
-        if found.outcome == Outcome.CONFIRMED:
-            return Verdict(
-                RecordOutcome.CONFIRMED,
-                f"lookup by {lookup_by}: {found.reason}, the digest matches",
-                to=S.CONFIRMED,
-                fields={
-                    **op_fields,
-                    "confirmed_at": now,
-                    "next_check_at": None,
-                    "lease_expires_at": None,
-                    "escalated": False,
-                },
-                found=found,
-                receipt=True,
-                settles=True,
-            )
-        if found.outcome == Outcome.REJECTED:
-            return Verdict(
-                RecordOutcome.REJECTED,
-                f"lookup by {lookup_by}: {found.reason}",
-                to=S.REJECTED,
-                fields={**op_fields, "next_check_at": None, "escalated": False},
-                found=found,
-                receipt=True,
-                settles=True,
-            )
-        if found.outcome == Outcome.IN_PROGRESS:
-            fields: dict[str, Any] = {**op_fields, "next_check_at": later}
-            case = None
-            reason = f"lookup by {lookup_by}: {found.reason}; asked again later"
-            if exhausted:
-                fields.update(escalated=True, next_check_at=None)
-                case = CaseReason.STILL_PROCESSING
-                reason = f"{found.reason} after {count} lookups: handed to the owner"
-            return Verdict(
-                RecordOutcome.ESCALATED if case else RecordOutcome.IN_PROGRESS,
-                reason,
-                to=S.IN_PROGRESS,
-                fields=fields,
-                found=found,
-                receipt=effect.status != S.IN_PROGRESS,
-                case=case,
-            )
-        inconclusive = f"lookup by {lookup_by}: {found.reason}, which proves nothing"
+        if isinstance(judged, Verdict):
+            return judged
+        inconclusive = judged
     elif lookup.status == ProviderLookupStatus.NOT_FOUND:
-        if lookup_by == LookupBy.PROVIDER_OPERATION_ID:
-            return _escalate(
-                effect,
-                count,
-                CaseReason.CONTRADICTION,
-                f"the provider has no operation {effect.provider_operation_id}, which it "
-                "reported before",
-            )
-        if effect.status != S.UNKNOWN or effect.mismatch:
-            return _escalate(
-                effect,
-                count,
-                CaseReason.CONTRADICTION,
-                f"the provider finds no operation for the key of a {effect.status} effect",
-            )
-        age = now - command.created_at
-        retention = contract.recovery.key_retention
-        if not not_found_proves_not_started(age=age, key_retention=retention):
-            return _escalate(
-                effect,
-                count,
-                CaseReason.NOT_FOUND_PAST_RETENTION,
-                f"not found by key, but the command is {age} old and the provider keeps keys "
-                f"for {retention}: not found proves nothing",
-            )
-        return Verdict(
-            RecordOutcome.NOT_STARTED,
-            "not found by key within the provider's key retention: it never received the "
-            "command; re-dispatched with the original key",
-            to=S.NOT_STARTED,
-            fields={
-                "check_count": 0,
-                "next_check_at": None,
-                "lease_expires_at": None,
-                "next_dispatch_at": now,
-                "escalated": False,
-            },
-            settles=True,
-            redispatch=True,
-        )
+        return _judge_not_found(effect, contract, lookup_by, now, count=count)
     else:
         detail = lookup.error or (f"HTTP {lookup.http_status}" if lookup.http_status else "")
         inconclusive = f"lookup by {lookup_by} failed ({detail or 'no answer'})"
@@ -197,6 +101,132 @@ def _judge(
         RecordOutcome.INCONCLUSIVE,
         f"{inconclusive}; asked again after backoff",
         fields={"check_count": count, "next_check_at": later},
+    )
+
+
+def _judge_found(
+    effect: Effect,
+    contract: EffectContract,
+    lookup_by: str,
+    lookup: LookupResult,
+    now: datetime,
+    *,
+    count: int,
+    exhausted: bool,
+    later: datetime,
+) -> Verdict | str:
+    """The provider has an operation for the effect: the verdict it proves, or (a status
+    that proves nothing) why it is inconclusive."""
+    assert lookup.operation is not None
+    found = classify_operation(
+        lookup.operation,
+        expected_digest=effect.command.payload_digest,
+        completion_statuses=contract.completion_statuses,
+        http_status=lookup.http_status,
+    )
+    op_fields = {"check_count": count, "provider_operation_id": lookup.operation.id}
+    if found.mismatch:
+        return Verdict(
+            RecordOutcome.MISMATCH,
+            f"{found.reason}: never re-executed, never confirmed; the owner decides",
+            to=S.UNKNOWN,
+            fields={**op_fields, "mismatch": True, "next_check_at": None},
+            found=found,
+            receipt=True,
+            case=CaseReason.MISMATCH,
+            mismatch=True,
+        )
+    if found.outcome == Outcome.CONFIRMED:
+        return Verdict(
+            RecordOutcome.CONFIRMED,
+            f"lookup by {lookup_by}: {found.reason}, the digest matches",
+            to=S.CONFIRMED,
+            fields={
+                **op_fields,
+                "confirmed_at": now,
+                "next_check_at": None,
+                "lease_expires_at": None,
+                "escalated": False,
+            },
+            found=found,
+            receipt=True,
+            settles=True,
+        )
+    if found.outcome == Outcome.REJECTED:
+        return Verdict(
+            RecordOutcome.REJECTED,
+            f"lookup by {lookup_by}: {found.reason}",
+            to=S.REJECTED,
+            fields={**op_fields, "next_check_at": None, "escalated": False},
+            found=found,
+            receipt=True,
+            settles=True,
+        )
+    if found.outcome == Outcome.IN_PROGRESS:
+        fields: dict[str, Any] = {**op_fields, "next_check_at": later}
+        case = None
+        reason = f"lookup by {lookup_by}: {found.reason}; asked again later"
+        if exhausted:
+            fields.update(escalated=True, next_check_at=None)
+            case = CaseReason.STILL_PROCESSING
+            reason = f"{found.reason} after {count} lookups: handed to the owner"
+        return Verdict(
+            RecordOutcome.ESCALATED if case else RecordOutcome.IN_PROGRESS,
+            reason,
+            to=S.IN_PROGRESS,
+            fields=fields,
+            found=found,
+            receipt=effect.status != S.IN_PROGRESS,
+            case=case,
+        )
+    return f"lookup by {lookup_by}: {found.reason}, which proves nothing"
+
+
+def _judge_not_found(
+    effect: Effect, contract: EffectContract, lookup_by: str, now: datetime, *, count: int
+) -> Verdict:
+    """The provider has no operation for the effect: it never received the command (sent
+    again with its key) only if asked by key, for an UNKNOWN effect, within the provider's
+    key retention; anything else is a contradiction or proves nothing."""
+    if lookup_by == LookupBy.PROVIDER_OPERATION_ID:
+        return _escalate(
+            effect,
+            count,
+            CaseReason.CONTRADICTION,
+            f"the provider has no operation {effect.provider_operation_id}, which it "
+            "reported before",
+        )
+    if effect.status != S.UNKNOWN or effect.mismatch:
+        return _escalate(
+            effect,
+            count,
+            CaseReason.CONTRADICTION,
+            f"the provider finds no operation for the key of a {effect.status} effect",
+        )
+    age = now - effect.command.created_at
+    retention = contract.recovery.key_retention
+    if not not_found_proves_not_started(age=age, key_retention=retention):
+        return _escalate(
+            effect,
+            count,
+            CaseReason.NOT_FOUND_PAST_RETENTION,
+            f"not found by key, but the command is {age} old and the provider keeps keys "
+            f"for {retention}: not found proves nothing",
+        )
+    return Verdict(
+        RecordOutcome.NOT_STARTED,
+        "not found by key within the provider's key retention: it never received the "
+        "command; re-dispatched with the original key",
+        to=S.NOT_STARTED,
+        fields={
+            "check_count": 0,
+            "next_check_at": None,
+            "lease_expires_at": None,
+            "next_dispatch_at": now,
+            "escalated": False,
+        },
+        settles=True,
+        redispatch=True,
     )
 
 
@@ -273,59 +303,7 @@ def _apply(
                 "provider_digest": operation.payload_digest if operation else None,
                 "outcome": outcome,
             }
-            newly_flagged = (verdict.case is not None and not effect.escalated) or (
-                verdict.mismatch and not effect.mismatch
-            )
-            if verdict.to is not None and verdict.to != effect.status:
-                ledger.transition(
-                    effect,
-                    to=verdict.to,
-                    actor=actor,
-                    principal=who,
-                    kind="reconciled",
-                    reason=reason,
-                    expect_fence=effect.fence,
-                    data=data,
-                    **verdict.fields,
-                )
-            else:
-                # The status stays: the flags and schedule change, with an event when the
-                # effect is newly flagged (the row is locked above).
-                kind = ("mismatch" if verdict.mismatch else "escalated") if newly_flagged else ""
-                ledger.annotate(
-                    effect,
-                    fields=verdict.fields,
-                    kind=kind,
-                    actor=actor,
-                    principal=who,
-                    reason=reason,
-                    data=data,
-                    now=now,
-                )
-            if verdict.receipt and verdict.found is not None:
-                ledger.record_receipt(
-                    effect,
-                    verdict.found,
-                    source=Receipt.Source.RECONCILER,
-                    attempt_id=None,
-                    now=now,
-                )
-            if verdict.case is not None:
-                case_open(
-                    effect=effect,
-                    reason=verdict.case,
-                    text=reason,
-                    actor=actor,
-                    evidence={**data, "check_count": effect.check_count},
-                )
-            if verdict.settles:
-                _case_settle(effect, actor=actor, principal=who, resolution=reason)
-            if verdict.mismatch:
-                on_mismatch(effect)
-            if verdict.redispatch:
-                # On commit (inside enqueue_dispatch): the worker must see NOT_STARTED. The
-                # claim then applies the ledger's bounds: expiry, frozen, attempt budget.
-                ledger.enqueue_dispatch(effect.pk)
+            _write_verdict(effect, verdict, reason=reason, data=data, actor=actor, who=who, now=now)
         return ReconciliationRecord.objects.create(
             tenant_id=effect.tenant_id,
             effect=effect,
@@ -344,6 +322,69 @@ def _apply(
             evidence=reason if not lookup.error else f"{reason}\n{lookup.error[:2000]}",
             created_at=now,
         )
+
+
+def _write_verdict(
+    effect: Effect,
+    verdict: Verdict,
+    *,
+    reason: str,
+    data: dict[str, Any],
+    actor: str,
+    who: Principal | None,
+    now: datetime,
+) -> None:
+    """Write a verdict to the effect ``_apply`` locked and found as it was read: the status
+    change (or the flags and schedule), the receipt, the case, and what follows."""
+    newly_flagged = (verdict.case is not None and not effect.escalated) or (
+        verdict.mismatch and not effect.mismatch
+    )
+    if verdict.to is not None and verdict.to != effect.status:
+        ledger.transition(
+            effect,
+            to=verdict.to,
+            actor=actor,
+            principal=who,
+            kind="reconciled",
+            reason=reason,
+            expect_fence=effect.fence,
+            data=data,
+            **verdict.fields,
+        )
+    else:
+        # The status stays: the flags and schedule change, with an event when the
+        # effect is newly flagged (the row is locked by the caller).
+        kind = ("mismatch" if verdict.mismatch else "escalated") if newly_flagged else ""
+        ledger.annotate(
+            effect,
+            fields=verdict.fields,
+            kind=kind,
+            actor=actor,
+            principal=who,
+            reason=reason,
+            data=data,
+            now=now,
+        )
+    if verdict.receipt and verdict.found is not None:
+        ledger.record_receipt(
+            effect, verdict.found, source=Receipt.Source.RECONCILER, attempt_id=None, now=now
+        )
+    if verdict.case is not None:
+        case_open(
+            effect=effect,
+            reason=verdict.case,
+            text=reason,
+            actor=actor,
+            evidence={**data, "check_count": effect.check_count},
+        )
+    if verdict.settles:
+        _case_settle(effect, actor=actor, principal=who, resolution=reason)
+    if verdict.mismatch:
+        on_mismatch(effect)
+    if verdict.redispatch:
+        # On commit (inside enqueue_dispatch): the worker must see NOT_STARTED. The
+        # claim then applies the ledger's bounds: expiry, frozen, attempt budget.
+        ledger.enqueue_dispatch(effect.pk)
 
 
 def _claim_hold(limit: int, deadline: float | None) -> timedelta:

@@ -13,7 +13,7 @@ from gateway.errors import GatewayError, ValidationProblem
 from gateway.models import Effect
 from gateway.services import command_submit
 from sagas.choices import ACTIVE, FORWARD, STEP_WAITING, FailureAction, Trigger
-from sagas.definitions import Step
+from sagas.definitions import Step, StepContext
 from sagas.models import SagaRun, SagaStep
 from sagas.services.compensation import _compensate
 from sagas.services.core import (
@@ -184,30 +184,9 @@ def _issue(
     unmet = step.precondition.unmet(context) if step.precondition else None
     if unmet is not None:
         return _refused(run, progress, step, record, Trigger.PRECONDITION_FAILED, unmet, actor)
-    resource, payload = step.build(context)
-    try:
-        submission = command_submit(
-            principal=run.requested_by,
-            idempotency_key=key,
-            type=step.effect_type,
-            resource=resource,
-            payload=payload,
-            intent={
-                "summary": f"{run.definition} {run.pk}, step {step.name}: {step.description}",
-                "task_id": run.pk,
-                "plan_revision": revision,
-            },
-            context={"saga_id": run.pk, "saga_step": step.name, "definition": run.definition},
-            expires_in=step.expires_in,
-            saga_id=run.pk,
-            saga_step=step.name,
-        )
-    except GatewayError as exc:
-        detail = exc.detail
-        if isinstance(exc, ValidationProblem):
-            detail = f"{detail} {exc.errors}"
-        return _refused(run, progress, step, record, Trigger.REFUSED, detail, actor)
-    effect = submission.effect
+    effect = _submit_step(run, step, context, key=key, revision=revision)
+    if isinstance(effect, str):  # the gateway refused it: why
+        return _refused(run, progress, step, record, Trigger.REFUSED, effect, actor)
     if effect.command.saga_id != run.pk:
         return _refused(
             run,
@@ -241,6 +220,37 @@ def _issue(
     else:
         _touch(run, current_step=step.name)
     return True
+
+
+def _submit_step(
+    run: SagaRun, step: Step, context: StepContext, *, key: str, revision: int
+) -> Effect | str:
+    """Submit the step's command under the run's requester; the effect, or why the gateway
+    refused it."""
+    resource, payload = step.build(context)
+    try:
+        submission = command_submit(
+            principal=run.requested_by,
+            idempotency_key=key,
+            type=step.effect_type,
+            resource=resource,
+            payload=payload,
+            intent={
+                "summary": f"{run.definition} {run.pk}, step {step.name}: {step.description}",
+                "task_id": run.pk,
+                "plan_revision": revision,
+            },
+            context={"saga_id": run.pk, "saga_step": step.name, "definition": run.definition},
+            expires_in=step.expires_in,
+            saga_id=run.pk,
+            saga_step=step.name,
+        )
+    except GatewayError as exc:
+        detail = exc.detail
+        if isinstance(exc, ValidationProblem):
+            detail = f"{detail} {exc.errors}"
+        return detail
+    return submission.effect
 
 
 def _refused(

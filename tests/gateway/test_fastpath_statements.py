@@ -68,8 +68,8 @@ def test_the_hot_statements_are_prepared_once_per_connection(agent, sandbox):
     """PostgreSQL plans a prepared statement once, not at every execution: planning was most
     of what the server spent on these CTEs (gateway.lib.prepared)."""
     statements = hot_statement_plans(agent, "p")
-    # cmd (submit), old (claim), recorded (record): each one statement, reused.
-    assert set(statements) >= {"cmd", "old", "recorded"}, statements
+    # cmd (submit), old (claim), o (record): each one statement, reused.
+    assert set(statements) >= {"cmd", "old", "o"}, statements
     assert all(generic + custom >= 7 for generic, custom in statements.values())
 
 
@@ -79,7 +79,7 @@ def test_the_hot_statements_are_planned_once_not_six_times(agent, sandbox):
     plans the first five executions for their parameters (custom plans) before settling on
     the generic plan, and those plans cost more than running the statements."""
     statements = hot_statement_plans(agent, "g")
-    assert set(statements) >= {"cmd", "old", "recorded"}, statements
+    assert set(statements) >= {"cmd", "old", "o"}, statements
     assert all(custom == 0 for _generic, custom in statements.values()), statements
 
 
@@ -146,3 +146,23 @@ def test_each_thread_runs_a_statement_on_a_cursor_of_its_own():
         shared.dec_thread_sharing()
     assert theirs and theirs[0] is not mine
     assert prepared.fetchone(_ECHO, {"n": 3}) == (3, 0)
+
+
+def test_an_outcome_row_has_exactly_the_columns_both_records_read():
+    """``fastpath.outcome_row`` gives what the single record binds as parameters and the batch
+    record reads from its JSON rows (``OUTCOME_COLUMNS``): a value it lacks would be NULL in
+    the batch, a name it adds would be read by neither."""
+    from datetime import UTC, datetime
+
+    from gateway.choices import Outcome
+    from gateway.providers.base import CallResult, ProviderOperation
+
+    claim = fastpath.FastClaim(
+        "eff_x", 1, 1, 7, 1, 0, "ticket.create", "acme:k", {}, "sealed", "sha256:x", "PREPARED"
+    )
+    operation = ProviderOperation(id="op_1", status="succeeded", payload_digest="sha256:x")
+    result = CallResult(Outcome.CONFIRMED, "ok", operation=operation, http_status=201)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    row = fastpath.outcome_row(claim, result, {"confirmed_at": now}, provider="tickets", now=now)
+    assert list(row) == [name for name, _ in fastpath.OUTCOME_COLUMNS]
+    assert row["to_status"] == "CONFIRMED" and row["seal"] and row["confirmed"] == now
