@@ -220,13 +220,17 @@ def test_a_broken_line_before_the_last_is_refused(tmp_path):
         ('{"format": 3}\n', "not a sandbox provider data file"),
         ('{"kind": "header", "format": 2}\n{"kind": "mystery"}\n', "unknown change kind"),
         ('{"kind": "header", "format": 2}\n{"kind": "status", "id": "op_x"}\n', "op_x"),
+        ("notes, not a journal", "not a sandbox provider data file"),
+        ("# notes\nnot a journal either", "sandbox.json:1: not a JSON line"),
+        ('{"format": 1, "operations": []}\n{"torn', "not a sandbox provider data file"),
     ],
 )
-def test_a_file_that_is_not_a_journal_is_refused(tmp_path, content, message):
+def test_a_file_that_is_not_a_journal_is_refused_untouched(tmp_path, content, message):
     data_file = tmp_path / "sandbox.json"
     data_file.write_text(content)
     with pytest.raises(ValueError, match=message):
         SandboxProvider(data_file=data_file)
+    assert data_file.read_text() == content
 
 
 def test_a_data_file_of_the_single_object_format_is_read_and_rewritten(tmp_path):

@@ -52,37 +52,42 @@ class Journal:
         self._handle: IO[str] | None = None
 
     def read(self) -> Contents:
-        """The changes in the file; raises ``ValueError`` for a file that is not a journal."""
+        """The changes in the file; raises ``ValueError`` for a file that is not a journal.
+
+        The file is checked whole before its tail is repaired, so a file that is not a
+        journal is refused untouched.
+        """
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return Contents(records=[], rewrite=True)
         lines = data.split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline, as it should
-        if tail:
-            try:
-                _parse(tail)
-            except ValueError:
-                logger.warning(
-                    "%s: ignored a torn last line (%d bytes), kept the %d lines before it",
-                    self.path,
-                    len(tail),
-                    len(lines),
-                )
-                os.truncate(self.path, len(data) - len(tail))
-            else:  # complete, only its newline was lost
-                with self.path.open("a", encoding="utf-8") as handle:
-                    handle.write("\n")
-                lines.append(tail)
+        torn = bool(tail) and not _is_record(tail)
+        if tail and not torn:
+            lines.append(tail)  # complete, only its newline was lost
         numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
         if not numbered:
+            if torn:
+                raise ValueError(f"{self.path}: not a sandbox provider data file")
             return Contents(records=[], rewrite=True)
         first = _parse(numbered[0][1], where=f"{self.path}:{numbered[0][0]}")
-        if first.get("format") == _LEGACY_FORMAT and "operations" in first:
+        if first.get("format") == _LEGACY_FORMAT and "operations" in first and not torn:
             return Contents(records=_legacy_records(first), rewrite=True)
         if first != HEADER:
             raise ValueError(f"{self.path}: not a sandbox provider data file")
         records = [(n, _parse(line, where=f"{self.path}:{n}")) for n, line in numbered[1:]]
+        if torn:
+            logger.warning(
+                "%s: ignored a torn last line (%d bytes), kept the %d lines before it",
+                self.path,
+                len(tail),
+                len(lines),
+            )
+            os.truncate(self.path, len(data) - len(tail))
+        elif tail:
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write("\n")
         self.lines = len(numbered)
         self._open()
         return Contents(records=records, rewrite=False)
@@ -135,6 +140,14 @@ def _parse(line: bytes, *, where: str = "") -> dict[str, Any]:
     if not isinstance(record, dict) or not isinstance(record.get("kind", ""), str):
         raise ValueError(f"{where}: not a change (a JSON object with a string kind)")
     return record
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        _parse(line)
+    except ValueError:
+        return False
+    return True
 
 
 def _legacy_records(state: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import secrets
 import threading
@@ -506,7 +507,7 @@ class SandboxProvider:
             "lookups_remaining": lookups_remaining,
         }
         self._change(op)
-        return self._by_id[op["id"]]
+        return op
 
     def _change(self, record: dict[str, Any]) -> None:
         """Apply one change to the state and queue it for the data file (see _persist)."""
@@ -516,10 +517,14 @@ class SandboxProvider:
         self._apply(record)
 
     def _apply(self, record: dict[str, Any]) -> None:
-        """The one definition of each change, for a live request and for a replay alike."""
-        kind = record["kind"]
+        """The one definition of each change, for a live request and for a replay alike.
+
+        An operation or log record becomes the stored object itself (its ``kind`` removed):
+        the caller hands it over, which keeps a replay of 100 k operations to one dict each.
+        """
+        kind = record.pop("kind")
         if kind == "operation":
-            op = {k: v for k, v in record.items() if k != "kind"}
+            op = record
             self._ops.append(op)
             self._by_key[(op["provider"], op["idempotency_key"])] = op
             self._by_id[op["id"]] = op
@@ -529,7 +534,7 @@ class SandboxProvider:
             op["status"] = record["status"]
             op["lookups_remaining"] = record["lookups_remaining"]
         elif kind == "log":
-            self._log.append({k: v for k, v in record.items() if k != "kind"})
+            self._log.append(record)
         elif kind == "resource":
             self._resources[(record["provider"], record["type"], record["id"])] = record["version"]
         else:
@@ -635,12 +640,20 @@ class SandboxProvider:
 
     def _load(self, journal: Journal) -> None:
         """Replay the data file; rewrite it when it is new, empty or of the earlier format."""
-        contents = journal.read()
-        for line, record in contents.records:
-            try:
-                self._apply(record)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{journal.path}:{line}: bad change ({exc!r})") from exc
+        # A replay allocates a few dicts per line and frees none: the cyclic collector would
+        # scan the growing heap again and again for nothing (40% of a 100 k replay).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            contents = journal.read()
+            for line, record in contents.records:
+                try:
+                    self._apply(record)
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ValueError(f"{journal.path}:{line}: bad change ({exc!r})") from exc
+        finally:
+            if collecting:
+                gc.enable()
         if contents.rewrite:
             journal.rewrite(self._snapshot())
 
