@@ -27,7 +27,7 @@ class Command(BaseCommand):
             "--data-file",
             type=Path,
             default=None,
-            help="keep operations and the log in this JSON file (reloaded on start)",
+            help="keep operations and the log in this JSON Lines file (replayed on start)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -8,7 +8,9 @@ commits "a bit": an operation is either in the log once or not at all.
 
 Standard library only (plus the digest helper), no Django: the module runs without
 settings, in-process (:class:`SandboxServer` on port 0) or as
-``manage.py run_sandbox_provider``.
+``manage.py run_sandbox_provider``. With a data file it keeps its operations, log and
+resource versions in an append-only JSON Lines journal, replayed on start and compacted
+(:mod:`gateway.providers.sandbox.journal`); requests never read the file.
 
 Routes (``{p}`` is an optional single path segment naming the provider, ``default`` when
 absent; the gateway gives each provider its own base URL such as ``http://host:port/billing``):
