@@ -18,13 +18,17 @@ digest than the one sent).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import ipaddress
 import json
 import socket
+import ssl
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -70,25 +74,42 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+class _KeepAliveHandler(_Handler):
+    """HTTP/1.1: connections stay open between requests, closed after ``timeout`` idle seconds,
+    as a provider's load balancer does."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = 0.3
+
+
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     owner: RecordingServer
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        request = super().get_request()
+        self.owner.connections += 1
+        return request
+
 
 class RecordingServer:
     """A threaded HTTP/1.0 server on a free loopback port, with its own records."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ssl.SSLContext | None = None, keepalive: bool = False) -> None:
         self.lock = threading.Lock()
+        self.connections = 0
         self.received: list[dict[str, Any]] = []
         self.fault: str | None = None
         self.delay = 2.0
         self.retry_after = "7"
-        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler)
+        handler = _KeepAliveHandler if keepalive else _Handler
+        self._httpd = _HttpServer(("127.0.0.1", 0), handler)
         self._httpd.owner = self
+        if tls is not None:
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
         self.port = self._httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     def start(self) -> RecordingServer:
@@ -124,8 +145,8 @@ class RecordingServer:
 class TicketsServer(RecordingServer):
     """Zendesk-style tickets with an Idempotency-Key header and an external_id search."""
 
-    def __init__(self, *, token: str = "test-token") -> None:
-        super().__init__()
+    def __init__(self, *, token: str = "test-token", tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(tls=tls)
         self.token = token
         self.tickets: list[dict[str, Any]] = []
         self.keys: dict[str, tuple[str, int]] = {}  # key -> (body digest, ticket id)
@@ -190,8 +211,8 @@ class DeploysServer(RecordingServer):
 
     services = frozenset({"catalog", "billing"})
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, keepalive: bool = False) -> None:
+        super().__init__(keepalive=keepalive)
         self.deploys: list[dict[str, Any]] = []
         self.fail_shas: set[str] = set()
 
@@ -245,3 +266,40 @@ class DeploysServer(RecordingServer):
         elif deploy["state"] == "running":
             deploy["state"] = "failed" if deploy["sha"] in self.fail_shas else "succeeded"
         return dict(deploy)
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, made here: (cert file, key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provider.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file

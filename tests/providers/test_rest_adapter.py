@@ -6,6 +6,8 @@ every outcome is checked against what the provider holds (one operation, or none
 from __future__ import annotations
 
 import socket
+import ssl
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from gateway.providers.base import ExecuteRequest, LookupStatus
 from gateway.providers.http import classify_operation
 from gateway.providers.rest import RestProviderAdapter
 from gateway.providers.rest_spec import RestSpec
-from tests.providers.rest_servers import DeploysServer, TicketsServer
+from tests.providers.rest_servers import DeploysServer, TicketsServer, self_signed_certificate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "guides" / "providers" / "examples"
 TOKEN = "test-token"
@@ -237,6 +239,35 @@ def test_lookup_of_a_server_that_is_down_is_unreachable(tickets):
     assert lookup.status == LookupStatus.UNREACHABLE and lookup.error
 
 
+@pytest.fixture
+def tls_tickets(tmp_path):
+    cert, key = self_signed_certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = TicketsServer(token=TOKEN, tls=context).start()
+    yield server, str(cert)
+    server.stop()
+
+
+def test_https_with_the_providers_ca_is_confirmed(tls_tickets):
+    server, ca = tls_tickets
+    spec = RestSpec.from_file(EXAMPLES / "tickets.json")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    adapter = RestProviderAdapter(spec, server.url, headers=auth, ca_certs=ca)
+
+    assert adapter.execute(ticket_request()).outcome == Outcome.CONFIRMED
+    assert len(server.tickets) == 1
+
+
+def test_https_to_an_untrusted_certificate_is_not_started(tls_tickets):
+    server, _ = tls_tickets
+    result = tickets_adapter(server).execute(ticket_request())
+
+    assert result.outcome == Outcome.NOT_STARTED, result
+    assert "CERTIFICATE_VERIFY_FAILED" in result.error
+    assert server.received == []
+
+
 # --- deployments: an API with no idempotency at all (at-most-once) -------------------------------
 
 
@@ -310,6 +341,24 @@ def test_deploy_server_down_is_not_started():
     result = deploys_adapter(f"http://127.0.0.1:{closed_port()}").execute(deploy_request())
     assert result.outcome == Outcome.NOT_STARTED, result
     assert "nothing was sent" in result.reason
+
+
+def test_kept_alive_connections_are_reused_and_an_idle_closed_one_is_not_an_unknown():
+    """A provider that keeps connections open, and closes them after 0.3 s idle: calls in a row
+    share one connection; after the provider closed it, the next call opens a new one and is
+    answered, not taken for a lost request."""
+    server = DeploysServer(keepalive=True).start()
+    try:
+        adapter = deploys_adapter(server.url)
+        first, second = adapter.execute(deploy_request()), adapter.execute(deploy_request())
+        assert server.connections == 1
+        time.sleep(0.6)  # the provider closes the idle connection
+        third = adapter.execute(deploy_request())
+    finally:
+        server.stop()
+    outcomes = [r.outcome for r in (first, second, third)]
+    assert outcomes == [Outcome.IN_PROGRESS] * 3, (first, second, third)
+    assert server.connections == 2 and len(server.deploys) == 3
 
 
 def test_key_never_used_is_not_found(deploys):
