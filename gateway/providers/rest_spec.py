@@ -29,8 +29,8 @@ from jsonschema.exceptions import ValidationError
 _POINTER = {
     "type": "string",
     "pattern": r"^(/([^~]|~[01])*)*$",
-    "errorMessage": "is not a JSON pointer (RFC 6901): empty, or '/'-separated tokens "
-    "each starting with '/', with '~' only as ~0 or ~1",
+    "errorMessage": "is not a JSON pointer (RFC 6901): it must be empty or start with '/', "
+    "and '~' may only appear as ~0 or ~1",
 }
 _CODES = {
     "type": "array",
@@ -250,6 +250,27 @@ class RestSpec:
         """No idempotency header: the provider cannot recognise a resend, so nothing may be
         sent again until a lookup has settled an uncertain send."""
         return self.idempotency_header is None
+
+    def placeholders(self) -> list[tuple[str, str]]:
+        """(where, name) of every placeholder the write request uses."""
+        found = [("write.path", name) for name in path_placeholders(self.path)]
+        for header, template in self.headers.items():
+            found += [(f"write.headers.{header}", name) for name in path_placeholders(template)]
+        return found + list(body_placeholders(self.body))
+
+    def problems_with(self, payload_schema: Mapping[str, Any]) -> list[str]:
+        """The write's ``payload.<field>`` placeholders whose field the contract's payload
+        schema does not declare (its top-level ``properties``): for a start-up check that
+        names the contract. A schema without ``properties`` is not checked."""
+        properties = payload_schema.get("properties")
+        if not isinstance(properties, Mapping):
+            return []
+        problems = []
+        for where, name in self.placeholders():
+            parts = name.split(".")
+            if parts[0] == "payload" and len(parts) > 1 and parts[1] not in properties:
+                problems.append(f"{where}: the payload schema has no field {parts[1]!r}")
+        return problems
 
     @classmethod
     def from_file(cls, path: str | Path) -> RestSpec:
