@@ -376,7 +376,8 @@ class RestProviderAdapter:
         body: bytes | None = None
         if spec.body is not None:
             rendered = render_body(spec.body, context)
-            body = json.dumps(rendered, ensure_ascii=False, separators=(",", ":")).encode()
+            text = json.dumps(rendered, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            body = text.encode()
             headers["Content-Type"] = "application/json"
         return render_path(spec.path, context), headers, body
 
@@ -459,7 +460,7 @@ class RestProviderAdapter:
             return LookupResult(LookupStatus.UNREACHABLE, error=_describe(exc.cause))
         if answer.status == 404 and how.items is None:
             return LookupResult(LookupStatus.NOT_FOUND, http_status=404)
-        body = _json(answer.body) if answer.status == 200 else None
+        body = _json(answer.body) if 200 <= answer.status < 300 else None
         if body is None:
             return LookupResult(
                 LookupStatus.UNREACHABLE,
