@@ -128,10 +128,13 @@ _pools_lock = threading.Lock()
 def _pool(scheme: str, host: str, port: int, ca_certs: str | None) -> HTTPConnectionPool:
     """This process's pool for one origin; a forked child makes its own (the parent's sockets
     are the parent's)."""
-    key = (os.getpid(), scheme, host, port, ca_certs)
+    pid = os.getpid()
+    key = (pid, scheme, host, port, ca_certs)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
+            for inherited in [k for k in _pools if k[0] != pid]:
+                del _pools[inherited]  # a parent's: its sockets are the parent's to use
             common: dict[str, Any] = {"maxsize": _MAX_CONNECTIONS, "block": True, "retries": False}
             if scheme == "https":
                 pool = _TlsPool(host, port, ca_certs=ca_certs, **common)
@@ -373,6 +376,9 @@ class RestProviderAdapter:
             headers["X-Payload-Digest"] = request.payload_digest
         if spec.idempotency_header:
             headers[spec.idempotency_header] = request.idempotency_key
+        for name, value in headers.items():
+            if any(c in value for c in "\r\n\0") or not value.isascii():
+                raise _Missing(f"header {name} would hold a line break, NUL or non-ASCII text")
         body: bytes | None = None
         if spec.body is not None:
             rendered = render_body(spec.body, context)

@@ -12,7 +12,8 @@ keeps its own records (the tests' oracle) and has fault switches the tests set d
 Fault switches (``server.fault``): ``rate_limit`` (429 with Retry-After, nothing recorded),
 ``maintenance`` (503 with Retry-After, nothing recorded), ``drop_after_commit`` (records, then
 closes the connection without an answer), ``error_after_commit`` (records, then 500),
-``slow`` (records, then answers after ``delay`` seconds), ``tamper_digest`` (records another
+``redirect_after_commit`` (records, then a 303 to another URL), ``slow`` (records, then
+answers after ``delay`` seconds), ``tamper_digest`` (records another
 digest than the one sent).
 """
 
@@ -139,6 +140,8 @@ class RecordingServer:
             return None
         if self.fault == "error_after_commit":
             return 500, {"error": "internal error"}, {}
+        if self.fault == "redirect_after_commit":
+            return 303, {}, {"Location": f"{self.url}/elsewhere"}
         return answer
 
 

@@ -5,6 +5,7 @@ every outcome is checked against what the provider holds (one operation, or none
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import time
@@ -194,6 +195,59 @@ def test_slower_than_the_timeout_is_unknown_and_the_key_finds_one(tickets):
     assert result.outcome == Outcome.UNKNOWN and "timed out" in result.reason
     lookup = adapter.lookup(idempotency_key=request.idempotency_key, timeout=5)
     assert lookup.status == LookupStatus.FOUND and len(tickets.tickets) == 1
+
+
+def test_a_redirect_after_commit_is_unknown_and_never_followed(tickets):
+    tickets.fault = "redirect_after_commit"
+    result = tickets_adapter(tickets).execute(ticket_request())
+
+    assert result.outcome == Outcome.UNKNOWN and result.http_status == 303
+    assert [r["path"] for r in tickets.received] == ["/api/v2/tickets"]
+    assert len(tickets.tickets) == 1
+
+
+def test_try_later_then_the_resend_with_the_same_key_is_the_only_ticket(tickets):
+    adapter, request = tickets_adapter(tickets), ticket_request()
+    tickets.fault = "rate_limit"
+    assert adapter.execute(request).outcome == Outcome.NOT_STARTED
+    tickets.fault = None
+
+    assert adapter.execute(request).outcome == Outcome.CONFIRMED
+    assert len(tickets.tickets) == 1
+
+
+def test_the_adapters_timeout_caps_the_calls(tickets):
+    tickets.fault, tickets.delay = "slow", 1.5
+    spec = RestSpec.from_file(EXAMPLES / "tickets.json")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    adapter = RestProviderAdapter(spec, tickets.url, timeout=0.3, headers=auth)
+
+    result = adapter.execute(ticket_request(timeout=30))
+
+    assert result.outcome == Outcome.UNKNOWN and "timed out" in result.reason
+
+
+def test_credentials_stay_out_of_the_adapters_repr(tickets):
+    assert TOKEN not in repr(tickets_adapter(tickets))
+    with pytest.raises(ValueError, match="Authorization"):
+        RestProviderAdapter(
+            RestSpec.from_file(EXAMPLES / "tickets.json"),
+            tickets.url,
+            headers={"Authorization": "Bearer x\r\nX-Injected: 1"},
+        )
+
+
+def test_a_header_template_that_would_break_the_request_is_never_sent(tickets):
+    data = json.loads((EXAMPLES / "tickets.json").read_text())
+    data["write"]["headers"] = {"X-Requester": "{payload.title}"}
+    adapter = RestProviderAdapter(
+        RestSpec.from_dict(data), tickets.url, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+
+    result = adapter.execute(ticket_request(title="a\r\nX-Injected: 1", priority="P2"))
+
+    assert result.outcome == Outcome.REJECTED and "X-Requester" in result.reason
+    assert tickets.received == []
 
 
 def test_server_down_is_not_started(tickets):
