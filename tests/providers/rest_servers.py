@@ -93,6 +93,10 @@ class _HttpServer(ThreadingHTTPServer):
         self.owner.connections += 1
         return request
 
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        self.owner.closed += 1
+
 
 class RecordingServer:
     """A threaded HTTP/1.0 server on a free loopback port, with its own records."""
@@ -100,6 +104,7 @@ class RecordingServer:
     def __init__(self, *, tls: ssl.SSLContext | None = None, keepalive: bool = False) -> None:
         self.lock = threading.Lock()
         self.connections = 0
+        self.closed = 0
         self.received: list[dict[str, Any]] = []
         self.fault: str | None = None
         self.delay = 2.0
