@@ -55,6 +55,7 @@ from gateway.providers.rest_spec import (
     AnswerSpec,
     LookupSpec,
     RestSpec,
+    RestSpecError,
     resolve_pointer,
 )
 
@@ -590,3 +591,55 @@ def outcome_of(
         operation=operation,
         http_status=http_status,
     )
+
+
+# --- configuration: one provider's settings entry -----------------------------------------------
+
+_CONFIG_FIELDS = frozenset({"base_url", "spec", "spec_file", "timeout", "headers", "ca_certs"})
+
+
+def adapter_from_config(name: str, config: Mapping[str, Any]) -> RestProviderAdapter:
+    """A provider's adapter from its configuration entry: ``base_url``, the declaration inline
+    (``spec``) or in a JSON file (``spec_file``), and optionally ``timeout`` (seconds),
+    ``headers`` (credentials) and ``ca_certs``. A ValueError names the provider and the field;
+    a bad declaration is a RestSpecError naming the field inside it."""
+    unknown = sorted(set(config) - _CONFIG_FIELDS)
+    if unknown:
+        raise ValueError(f"provider {name}: unknown field(s) {', '.join(unknown)}")
+    if ("spec" in config) == ("spec_file" in config):
+        raise ValueError(f"provider {name}: give exactly one of spec and spec_file")
+    base_url = config.get("base_url")
+    if not isinstance(base_url, str):
+        raise ValueError(f"provider {name}: base_url must be a URL string")
+    timeout = config.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise ValueError(f"provider {name}: timeout must be a positive number of seconds")
+    headers = config.get("headers", {})
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ValueError(f"provider {name}: headers must map header names to strings")
+    if "spec_file" in config:
+        spec = _spec_file(str(config["spec_file"]))
+    else:
+        spec = RestSpec.from_dict(config["spec"], source=f"provider {name}")
+    return RestProviderAdapter(
+        spec, base_url, timeout=timeout, headers=headers, ca_certs=config.get("ca_certs")
+    )
+
+
+_spec_files: dict[tuple[str, int], RestSpec] = {}
+
+
+def _spec_file(path: str) -> RestSpec:
+    """A declaration file, read again only when it changed (an adapter is built per call)."""
+    try:
+        key = (path, os.stat(path).st_mtime_ns)
+    except OSError as exc:
+        raise RestSpecError([f"cannot read it: {exc}"], source=path) from exc
+    spec = _spec_files.get(key)
+    if spec is None:
+        spec = _spec_files[key] = RestSpec.from_file(path)
+    return spec

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.providers.rest import render_body, render_path
+from gateway.providers.rest import adapter_from_config, render_body, render_path
 from gateway.providers.rest_spec import RestSpec, RestSpecError, resolve_pointer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "guides" / "providers" / "examples"
@@ -163,3 +164,43 @@ def test_loading_never_changes_the_callers_dict():
     before = copy.deepcopy(data)
     RestSpec.from_dict(data)
     assert data == before
+
+
+def test_a_provider_configuration_builds_its_adapter(tmp_path):
+    spec_file = tmp_path / "deployments.json"
+    spec_file.write_text(json.dumps(deployments()))
+    adapter = adapter_from_config(
+        "deploy",
+        {
+            "base_url": "https://deploy.internal/api/",
+            "spec_file": str(spec_file),
+            "timeout": 4,
+            "headers": {"Authorization": "Bearer secret"},
+        },
+    )
+    assert adapter.base_url == "https://deploy.internal/api" and adapter.timeout == 4
+    assert adapter.spec.at_most_once
+    inline = adapter_from_config("deploy", {"base_url": "http://x", "spec": deployments()})
+    assert inline.spec == adapter.spec
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"base_url": "http://x"}, "provider deploy: give exactly one of spec and spec_file"),
+        ({"spec": {}, "base_url": 3}, "provider deploy: base_url must be a URL string"),
+        ({"spec": {}, "base_url": "x", "token": "t"}, "provider deploy: unknown field(s) token"),
+        ({"spec": {}, "base_url": "http://x", "timeout": 0}, "timeout must be a positive"),
+        ({"spec": {}, "base_url": "http://x", "headers": {"A": 1}}, "headers must map"),
+    ],
+)
+def test_a_bad_provider_configuration_names_the_field(config, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        adapter_from_config("deploy", config)
+
+
+def test_an_inline_declaration_error_names_the_provider():
+    data = deployments()
+    del data["answer"]
+    with pytest.raises(RestSpecError, match=r"provider deploy: invalid.*\n  \(the declaration\)"):
+        adapter_from_config("deploy", {"base_url": "http://x", "spec": data})
