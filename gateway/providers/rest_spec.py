@@ -53,11 +53,7 @@ _ANSWER = {
         "result": {"type": "object", "additionalProperties": _POINTER},
     },
 }
-_HEADER_NAME = {
-    "type": "string",
-    "pattern": r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",
-    "errorMessage": "is not an HTTP header name",
-}
+_HEADER_NAME = {"type": "string", "pattern": r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"}
 _PATH = {
     "type": "string",
     "pattern": r"^/[^\s]*$",
@@ -81,7 +77,11 @@ SPEC_SCHEMA: dict[str, Any] = {
                 "path": _PATH,
                 "body": {},
                 "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-                "idempotency_header": {"anyOf": [_HEADER_NAME, {"type": "null"}]},
+                "idempotency_header": {
+                    "anyOf": [_HEADER_NAME, {"type": "null"}],
+                    "errorMessage": "must be an HTTP header name, or null (the provider has no "
+                    "idempotency: at-most-once)",
+                },
                 "effect_headers": {"type": "boolean"},
             },
         },
@@ -103,6 +103,7 @@ SPEC_SCHEMA: dict[str, Any] = {
         "lookup": {
             "type": "object",
             "minProperties": 1,
+            "errorMessage": "declare by_operation_id, by_key or both",
             "additionalProperties": False,
             "properties": {
                 "by_operation_id": {
@@ -116,6 +117,7 @@ SPEC_SCHEMA: dict[str, Any] = {
                     "required": ["path"],
                     "additionalProperties": False,
                     "dependentRequired": {"items": ["key", "answer"], "key": ["items"]},
+                    "errorMessage": "a search declares items, key and answer together",
                     "properties": {
                         "path": _PATH,
                         "items": _POINTER,
@@ -337,10 +339,10 @@ def _schema_errors(data: Any) -> list[ValidationError]:
 def _describe(error: ValidationError) -> str:
     where = ".".join(str(part) for part in error.absolute_path) or "(the declaration)"
     custom = error.schema.get("errorMessage") if isinstance(error.schema, dict) else None
-    if error.validator == "pattern" and custom:
+    if custom and error.validator in ("pattern", "anyOf"):
         return f"{where}: {error.instance!r} {custom}"
-    if error.validator == "anyOf" and isinstance(error.instance, str):
-        return f"{where}: {error.instance!r} is not an HTTP header name"
+    if custom and error.validator in ("minProperties", "dependentRequired"):
+        return f"{where}: {custom}"
     return f"{where}: {error.message}"
 
 

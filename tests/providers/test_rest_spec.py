@@ -82,6 +82,20 @@ def test_structure_errors_name_the_field():
     ]
 
 
+def test_what_a_schema_says_in_its_own_words_is_said_plainly():
+    data = deployments()
+    data["write"]["idempotency_header"] = "Idempotency Key"
+    del data["lookup"]["by_key"]["key"]
+    assert problems(data) == [
+        "lookup.by_key: a search declares items, key and answer together",
+        "write.idempotency_header: 'Idempotency Key' must be an HTTP header name, or null (the "
+        "provider has no idempotency: at-most-once)",
+    ]
+    assert problems({**deployments(), "lookup": {}}) == [
+        "lookup: declare by_operation_id, by_key or both"
+    ]
+
+
 def test_a_search_needs_the_key_in_what_the_write_sends():
     data = deployments()
     del data["write"]["body"]["ref"]
