@@ -106,6 +106,7 @@ def command_submit(
     """
     ledger.validate_idempotency_key(idempotency_key, what="command")
     contract = get_contract(type) if isinstance(type, str) else None
+    resource, payload = submission.without_nulls(resource), submission.without_nulls(payload)
     errors = submission.validate(
         contract=contract,
         effect_type=type,

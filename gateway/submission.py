@@ -34,6 +34,16 @@ def provider_key_tenant(key: str) -> str | None:
     return slug if separator else None
 
 
+def without_nulls(value: Any) -> Any:
+    """``value`` with every object member that is null left out, at any depth (not inside
+    arrays): in a command's resource and payload, null means absent. Agents' tool schemas
+    (OpenAI's strict mode) make every field required and let an optional one be null; the
+    same command with a field absent or null is one command, with one digest."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
 class NewRows(NamedTuple):
     """A new command's rows, by attname: the command, its effect and its ``submitted`` event."""
 

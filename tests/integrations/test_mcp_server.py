@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 import pytest
 from django.utils import timezone
+from effect_gateway_client.mcp_server.schemas import lenient, portable
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import McpError
@@ -70,9 +71,20 @@ def test_tools_mirror_the_contracts(gateway_url, agent):
     for effect_type, contract in CONTRACTS.items():
         tool = tools[effect_type.replace(".", "_")]
         schema = tool.inputSchema
-        assert schema["required"] == ["idempotency_key", "resource", "payload"]
+        # Strict mode lists every field; the ones an agent may leave out take null.
+        assert schema["required"] == [
+            "idempotency_key",
+            "resource",
+            "payload",
+            "intent",
+            "context",
+        ]
+        assert lenient(schema)["required"] == ["idempotency_key", "resource", "payload"]
         payload_schema = {k: v for k, v in contract.payload_schema.items() if k != "$schema"}
-        assert schema["properties"]["payload"] == payload_schema, effect_type
+        assert schema["properties"]["payload"] == portable(payload_schema), effect_type
+        assert lenient(schema["properties"]["payload"])["required"] == sorted(
+            payload_schema.get("required", []), key=list(payload_schema["properties"]).index
+        ), effect_type
         assert schema["properties"]["resource"]["properties"]["type"]["const"] == (
             contract.resource_type
         )
@@ -94,8 +106,9 @@ def test_tools_mirror_the_contracts(gateway_url, agent):
     }
     assert tools["get_effect"].annotations.readOnlyHint is True
     # Optional fields take null, so that OpenAI's strict mode need not invent values.
-    assert "null" in tools["ticket_create"].inputSchema["properties"]["context"]["type"]
-    assert "null" in tools["wait_for_effect"].inputSchema["properties"]["until"]["type"]
+    null = {"type": "null"}
+    assert null in tools["ticket_create"].inputSchema["properties"]["context"]["anyOf"]
+    assert null in tools["wait_for_effect"].inputSchema["properties"]["until"]["anyOf"]
 
 
 def test_calling_a_tool_twice_with_one_key_is_one_provider_operation(
@@ -438,3 +451,90 @@ def test_a_tool_says_irreversible_once(gateway_url, agent):
         said = submit_tool(effect_type).description.lower().count("irreversible")
         assert said == (1 if effect_type.irreversible else 0), effect_type.type
     assert catalogue["email.message.send"].irreversible
+
+
+def strict_mode_problems(schema, path="$"):
+    """What OpenAI's strict mode and MCP Inspector's --strict portability rules refuse: a
+    ``type`` that is an array, an object that does not list every property as required or
+    allows others."""
+    problems = []
+    if isinstance(schema, dict):
+        if isinstance(schema.get("type"), list):
+            problems.append(f"{path}: type is an array {schema['type']}")
+        properties = schema.get("properties")
+        if isinstance(properties, dict):
+            if sorted(schema.get("required", [])) != sorted(properties):
+                problems.append(f"{path}: not every property is required")
+            if schema.get("additionalProperties") is not False:
+                problems.append(f"{path}: additionalProperties is not false")
+            for name, sub in properties.items():
+                problems += strict_mode_problems(sub, f"{path}.{name}")
+        for index, branch in enumerate(schema.get("anyOf", ())):
+            problems += strict_mode_problems(branch, f"{path}|{index}")
+        if isinstance(schema.get("items"), dict):
+            problems += strict_mode_problems(schema["items"], f"{path}[]")
+    return problems
+
+
+def test_every_tool_schema_passes_strict_mode_and_portability_rules(gateway_url, agent):
+    from effect_gateway_client.mcp_server.server import GatewayTools
+
+    tools = GatewayTools(gateway_url, token=agent.token)
+    try:
+        listed, _ = tools.catalogue(agent.token)
+    finally:
+        tools.close()
+    assert len(listed) > 10
+    problems = [p for tool in listed for p in strict_mode_problems(tool.inputSchema, tool.name)]
+    assert problems == []
+
+
+def test_an_optional_payload_field_sent_as_null_is_the_command_without_it(
+    gateway_url, agent, sandbox, eager_tasks
+):
+    import jsonschema
+    from effect_gateway_client.mcp_server.schemas import lenient
+    from effect_gateway_client.mcp_server.server import GatewayTools
+
+    tools = GatewayTools(gateway_url, token=agent.token)
+    try:
+        listed, _ = tools.catalogue(agent.token)
+    finally:
+        tools.close()
+    schema = next(t.inputSchema for t in listed if t.name == "ticket_create")
+    payload_schema = schema["properties"]["payload"]
+    optional = [
+        name
+        for name, sub in payload_schema["properties"].items()
+        if {"type": "null"} in sub.get("anyOf", ())
+    ]
+    assert optional, "the ticket contract has optional payload fields"
+    field = optional[0]
+    base = {"title": "printer on fire", "priority": "P3"}
+    arguments = {
+        "idempotency_key": "ticket.create:support:nulls:v1",
+        "resource": {"type": "queue", "id": "support", "version": None},
+        "payload": {**dict.fromkeys(optional), **base},
+        "intent": None,
+        "context": None,
+    }
+    jsonschema.validate(arguments, schema)  # strict: every field present, optional ones null
+    jsonschema.validate({k: v for k, v in arguments.items() if v is not None}, lenient(schema))
+
+    with_nulls = agent.submit(
+        {
+            "type": "ticket.create",
+            "resource": arguments["resource"],
+            "payload": arguments["payload"],
+        },
+        "ticket.create:support:nulls:v1",
+    )
+    assert with_nulls.status_code == 201, with_nulls.content
+    without = agent.submit(
+        {"type": "ticket.create", "resource": {"type": "queue", "id": "support"}, "payload": base},
+        "ticket.create:support:nulls:v1",
+    )
+    assert without.status_code == 200, without.content  # the same command: a replay
+    assert without.json()["payload_digest"] == with_nulls.json()["payload_digest"]
+    assert field not in with_nulls.json()["payload"]
+    assert len(sandbox.operations(type="ticket.create")) == 1

@@ -56,6 +56,7 @@ from effect_gateway_client import (
     __version__,
     tool_name,
 )
+from effect_gateway_client.mcp_server.schemas import lenient, portable
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def submit_tool(effect_type: EffectType) -> types.Tool:
         name=tool_name(effect_type.type),
         title=f"Submit {effect_type.type}",
         description=" ".join(note for note in notes if note),
-        inputSchema=submit_input_schema(effect_type),
+        inputSchema=portable(submit_input_schema(effect_type)),
         annotations=types.ToolAnnotations(
             title=f"Submit {effect_type.type}",
             readOnlyHint=False,
@@ -227,6 +228,8 @@ READ_TOOLS = [
         annotations=_READ,
     ),
 ]
+for _tool in READ_TOOLS:
+    _tool.inputSchema = portable(_tool.inputSchema)
 
 
 # --- what the model reads -------------------------------------------------------------------
@@ -510,7 +513,7 @@ class GatewayTools:
                 f"There is no tool {name!r} for this agent.",
                 "Call one of: " + ", ".join(t.name for t in tools) + ".",
             )
-        problems = argument_errors(arguments, schema)
+        problems = argument_errors(arguments, lenient(schema))
         if problems:
             return tool_error(
                 "The arguments do not match the tool's input schema: " + " ".join(problems),
