@@ -184,8 +184,10 @@ def _decide(
             return "allow", reason, _with_context(body)
         reason = (
             f"{contract.type} needs a human approver for this payload "
-            f"({contract.approval.description}). After it is submitted, an approver signs "
-            f"off in the gateway console: {link}"
+            f"({contract.approval.description}). Nothing has been submitted yet: if this call "
+            "is allowed, the gateway records the command and holds it until an approver signs "
+            f"off in the console ({link}); if it is refused, nothing was sent. A headless run "
+            "(claude -p) refuses it: point the hook at ?mode=headless there."
         )
         return "ask", reason, _with_context(body)
     updated = _with_context(body) if contract is not None else None

@@ -158,6 +158,9 @@ def test_a_gateway_tool_that_needs_approval_asks_with_the_console_link(agent):
     assert output["permissionDecision"] == "ask"
     assert "needs a human approver" in output["permissionDecisionReason"]
     assert "http://testserver/approvals" in output["permissionDecisionReason"]
+    # Read by a model whose call was then refused (claude -p): it must not think it was sent.
+    assert "Nothing has been submitted yet" in output["permissionDecisionReason"]
+    assert "After it is submitted" not in output["permissionDecisionReason"]
     # Claude Code's correlation ids ride along into the command's context.
     assert output["updatedInput"]["context"] == {
         "runtime": "claude-code",

@@ -538,3 +538,16 @@ def test_an_optional_payload_field_sent_as_null_is_the_command_without_it(
     assert without.json()["payload_digest"] == with_nulls.json()["payload_digest"]
     assert field not in with_nulls.json()["payload"]
     assert len(sandbox.operations(type="ticket.create")) == 1
+
+
+def test_next_step_never_calls_a_failed_compensation_undone():
+    from effect_gateway_client import Effect
+    from effect_gateway_client.mcp_server.server import next_step
+
+    def effect(status: str) -> Effect:
+        return Effect.from_json({"effect_id": "eff_1", "type": "billing.charge.create",
+                                 "status": status, "approval": {"required": False}})  # fmt: skip
+
+    failed = next_step(effect("COMPENSATION_FAILED"), "http://gw")
+    assert "NOT undone" in failed and "was undone" not in failed
+    assert "undone by its compensation" in next_step(effect("COMPENSATED"), "http://gw")

@@ -269,8 +269,16 @@ def next_step(effect: Effect, base_url: str) -> str:
             f"It ended {effect.status} and nothing was done by the provider. Tell the user; "
             "submit again (with a new intent revision in the key) only if the plan changes."
         )
-    elif effect.status in {"COMPENSATED", "COMPENSATION_FAILED"}:
-        parts.append(f"It was undone ({effect.status}); see compensation for details.")
+    elif effect.status == "COMPENSATED":
+        parts.append(
+            "It happened at the provider and was then undone by its compensation (a separate "
+            "command, under compensation.compensated_by). Do not submit it again."
+        )
+    elif effect.status == "COMPENSATION_FAILED":
+        parts.append(
+            "It happened at the provider, and undoing it FAILED: it is NOT undone. Its owner "
+            "has been told; tell the user, and do not retry the compensation or resubmit."
+        )
     else:
         parts.append(
             f"It is {effect.status}: call wait_for_effect with effect_id {effect.effect_id!r} "
