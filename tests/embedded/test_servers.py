@@ -9,36 +9,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from gateway import embedded
+from tests.embedded.checkout import running_with, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def running_with(marker: str) -> list[int]:
-    """PIDs of processes whose command line mentions `marker` (a unique temporary path)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
-def wait_gone(marker: str, timeout: float = 15) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := running_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 @pytest.fixture
