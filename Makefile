@@ -117,7 +117,8 @@ clean: ## Remove what the build made: virtualenvs, node_modules, var/ (the demo'
 		case "$$target" in */eg-servers-*) echo "rm -rf $$target"; rm -rf -- "$$target" ;; esac; \
 	fi
 	rm -rf $(VENV) .venv-clients/ var/ staticfiles/ build/ site/ ./*.egg-info \
-		tests/console/node_modules/ clients/typescript/node_modules/ clients/python/build/ \
+		tests/console/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ \
+		clients/python/build/ \
 		clients/python/src/*.egg-info .pytest_cache/ .ruff_cache/ .mypy_cache/ \
 		.import_linter_cache/ .hypothesis/ $(CACHE_DIR)
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

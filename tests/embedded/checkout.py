@@ -130,7 +130,7 @@ def private_clone() -> Iterator[Path]:
 def clone_env(cache: Path, **extra: str) -> dict[str, str]:
     """The environment of a command in the clone: none of this run's servers or settings."""
     env = {key: value for key, value in os.environ.items() if key not in RUN_ENV}
-    env.update(CACHE_DIR=str(cache), PYTHONUNBUFFERED="1", **extra)
+    env.update(CACHE_DIR=str(cache / "tools"), PYTHONUNBUFFERED="1", **extra)
     return env
 
 
