@@ -96,7 +96,7 @@ lint: install ## ruff check and ruff format --check
 typecheck: install ## mypy with the Django and DRF plugins (config in pyproject.toml)
 	$(VENV)/bin/mypy
 
-lint-imports: install ## The import boundaries of docs/architecture.md (import-linter)
+lint-imports: install ## The import boundaries of docs/internals/layers.md (import-linter)
 	$(VENV)/bin/lint-imports --cache-dir $(CACHE_DIR)/import-linter
 
 fmt: install ## Format the code and apply ruff's safe fixes

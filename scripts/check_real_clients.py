@@ -1,4 +1,4 @@
-"""Checks with real clients against a running gateway (``make demo``).
+"""The real-client checks, against a running gateway (``make demo``).
 
     export GATEWAY_URL=http://127.0.0.1:8000 GATEWAY_TOKEN=egw_…
     .venv/bin/python scripts/check_real_clients.py

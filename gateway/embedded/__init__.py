@@ -140,6 +140,8 @@ def _prepare_server_dir(var_dir: Path) -> Path:
     _make_dir(home)
     _check_own_dir(home)
     link = var_dir / "servers"
+    if link.is_symlink() and link.readlink() != home:
+        link.unlink()  # var/ copied from another checkout
     if not link.is_symlink():
         link.symlink_to(home, target_is_directory=True)
     return home
