@@ -26,12 +26,18 @@ PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
 # checkout, and `make clean` removes them with the rest.
 CACHE_HOME := $(or $(XDG_CACHE_HOME),$(if $(HOME),$(HOME)/.cache,/tmp))
 CHECKOUT_ID := $(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
-CACHE_DIR ?= $(CACHE_HOME)/effect-gateway/$(CHECKOUT_ID)
-export PYTHONPYCACHEPREFIX := $(CACHE_DIR)/pycache
-export RUFF_CACHE_DIR := $(CACHE_DIR)/ruff
-export MYPY_CACHE_DIR := $(CACHE_DIR)/mypy
-export HYPOTHESIS_STORAGE_DIRECTORY := $(CACHE_DIR)/hypothesis
-PYTEST := $(PY) -m pytest -o cache_dir=$(CACHE_DIR)/pytest
+EG_CACHE_DIR ?= $(CACHE_HOME)/effect-gateway/$(CHECKOUT_ID)
+export PYTHONPYCACHEPREFIX := $(EG_CACHE_DIR)/pycache
+export RUFF_CACHE_DIR := $(EG_CACHE_DIR)/ruff
+export MYPY_CACHE_DIR := $(EG_CACHE_DIR)/mypy
+export HYPOTHESIS_STORAGE_DIRECTORY := $(EG_CACHE_DIR)/hypothesis
+PYTEST := $(PY) -m pytest -o cache_dir=$(EG_CACHE_DIR)/pytest
+# The steps of `make test`, each also a target of its own. `make test` runs them in its own
+# recipe, not through a sub-make: a sub-make would check the install stamp again.
+MYPY := $(VENV)/bin/mypy
+LINT_IMPORTS := $(VENV)/bin/lint-imports --cache-dir $(EG_CACHE_DIR)/import-linter
+CLIENTS_TEST := bash scripts/clients_smoke.sh
+PYTEST_SUITE = $(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 .PHONY: help install browser test pytest test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema
 
@@ -39,7 +45,7 @@ help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, BENCH_ARGS, PYTHON (interpreter for a new .venv),"
-	@echo "           CACHE_DIR (the tools' caches: $(CACHE_DIR))."
+	@echo "           EG_CACHE_DIR (the tools' caches: $(EG_CACHE_DIR))."
 	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: PostgreSQL and Valkey from"
 	@echo "             wheels, started and stopped by make demo / make test themselves)."
 
@@ -67,22 +73,23 @@ test: install browser ## Lint, format, types, import boundaries, the clients, py
 	@echo "==> database: $${DATABASE_URL:-embedded PostgreSQL, this run only}; broker: $${CELERY_BROKER_URL:-embedded Valkey}"
 	$(RUFF) check .
 	$(RUFF) format --check .
-	$(MAKE) typecheck lint-imports
+	$(MYPY)
+	$(LINT_IMPORTS)
 	@# axe-core (npm registry, pinned in tests/console/package-lock.json) for the console's
 	@# accessibility checks; they skip, saying why, where npm is missing.
 	@if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
 		else echo "note: npm is missing: the console's axe-core checks skip"; fi
-	$(MAKE) clients-test
-	$(MAKE) pytest
+	$(CLIENTS_TEST)
+	$(PYTEST_SUITE)
 
 pytest: install ## The pytest step of make test alone (migrations current: tests/embedded/test_checkout.py)
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST_SUITE)
 
 test-slow: install ## The slow tier only: the fault run (tests/slow/), on the run's own embedded servers
 	$(PYTEST) -m slow -n 0 tests/slow $(PYTEST_ARGS)
 
 clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
-	bash scripts/clients_smoke.sh
+	$(CLIENTS_TEST)
 
 clients-schema: install ## Regenerate clients/typescript/openapi.json and its TypeScript types
 	$(PY) manage.py spectacular --format openapi-json --file clients/typescript/openapi.json
@@ -94,10 +101,10 @@ lint: install ## ruff check and ruff format --check
 	$(RUFF) format --check .
 
 typecheck: install ## mypy with the Django and DRF plugins (config in pyproject.toml)
-	$(VENV)/bin/mypy
+	$(MYPY)
 
 lint-imports: install ## The import boundaries of docs/internals/layers.md (import-linter)
-	$(VENV)/bin/lint-imports --cache-dir $(CACHE_DIR)/import-linter
+	$(LINT_IMPORTS)
 
 fmt: install ## Format the code and apply ruff's safe fixes
 	$(RUFF) format .
@@ -127,5 +134,5 @@ clean: ## Remove what the build made: virtualenvs, node_modules, var/ (the demo'
 		tests/console/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ \
 		clients/python/build/ \
 		clients/python/src/*.egg-info .pytest_cache/ .ruff_cache/ .mypy_cache/ \
-		.import_linter_cache/ .hypothesis/ $(CACHE_DIR)
+		.import_linter_cache/ .hypothesis/ $(EG_CACHE_DIR)
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -3,8 +3,10 @@ runners start, and where the unprivileged user PostgreSQL runs as cannot reach a
 
 `private_clone()` clones HEAD into a 0700 directory under a 0700 parent, brings over the
 working tree's uncommitted changes (so the code under test is the code being edited), and
-links the clone's .venv to this interpreter's virtualenv instead of installing one: make's
-install stamp is then taken as up to date (`make -o .venv/.installed`), never rebuilt.
+gives the clone a .venv made of links to this interpreter's virtualenv instead of
+installing one. That .venv has an install stamp of its own, newer than the clone's
+pyproject.toml: make never reinstalls into the shared virtualenv, also not from a sub-make
+(which `make -o .venv/.installed` would not cover).
 """
 
 from __future__ import annotations
@@ -110,6 +112,15 @@ def status(clone: Path) -> list[str]:
     ).splitlines()
 
 
+def _link_virtualenv(venv: Path) -> None:
+    """A virtualenv whose entries link to this interpreter's, with its own install stamp."""
+    venv.mkdir()
+    for entry in Path(sys.prefix).iterdir():
+        if entry.name != ".installed":
+            (venv / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    (venv / ".installed").touch()  # after the clone: newer than its pyproject.toml
+
+
 @contextmanager
 def private_clone() -> Iterator[Path]:
     """A clone at <0700 dir>/<0700 dir>/eg, removed afterwards (with its servers' data)."""
@@ -118,7 +129,7 @@ def private_clone() -> Iterator[Path]:
     try:
         _git("clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone))
         _bring_over_changes(clone)
-        (clone / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+        _link_virtualenv(clone / ".venv")
         yield clone
     finally:
         servers = clone / "var" / "servers"
@@ -130,7 +141,7 @@ def private_clone() -> Iterator[Path]:
 def clone_env(cache: Path, **extra: str) -> dict[str, str]:
     """The environment of a command in the clone: none of this run's servers or settings."""
     env = {key: value for key, value in os.environ.items() if key not in RUN_ENV}
-    env.update(CACHE_DIR=str(cache / "tools"), PYTHONUNBUFFERED="1", **extra)
+    env.update(EG_CACHE_DIR=str(cache / "tools"), PYTHONUNBUFFERED="1", **extra)
     return env
 
 

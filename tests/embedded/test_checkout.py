@@ -8,7 +8,9 @@ The full two commands (`make test`, `make demo`) in such a checkout: tests/slow/
 from __future__ import annotations
 
 import io
+import os
 import pwd
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -75,3 +77,15 @@ def test_a_command_in_a_private_checkout_keeps_its_servers_where_they_can_run():
         assert data.stat().st_mode & 0o777 == 0o700
         assert wait_gone(str(home)) == []  # stopped with the command
         assert not (clone / "var" / "postgres").exists()
+
+
+def test_make_test_told_not_to_install_never_installs_not_even_from_a_sub_make():
+    """`make -o .venv/.installed test` must run nothing that installs: -o does not reach a
+    sub-make, which would find the stamp older than pyproject.toml and reinstall."""
+    if shutil.which("git") is None or shutil.which("make") is None:
+        pytest.skip("git and make are needed")
+    with private_clone() as clone, tempfile.TemporaryDirectory() as cache:
+        os.utime(clone / ".venv" / ".installed", (0, 0))  # older than pyproject.toml
+        output = run([*MAKE, "-n", "test", "demo", "test-slow"], clone, clone_env(Path(cache)), 60)
+        assert "pytest" in output and "manage.py demo" in output
+        assert "install.sh" not in output and "pip install -e" not in output, output
