@@ -112,6 +112,19 @@ def status(clone: Path) -> list[str]:
     ).splitlines()
 
 
+def shared_virtualenv_state() -> tuple[float | None, list[str]]:
+    """This interpreter's install stamp time and installed distributions: a command in a clone
+    must leave both as they were (it links to this virtualenv, never installs into it)."""
+    prefix = Path(sys.prefix).resolve()
+    stamp = prefix / ".installed"
+    stamp_time = stamp.stat().st_mtime if stamp.exists() else None
+    installed = sorted(
+        f"{path.name}:{path.stat().st_mtime}"
+        for path in prefix.glob("lib/*/site-packages/*.dist-info")
+    )
+    return stamp_time, installed
+
+
 def _link_virtualenv(venv: Path) -> None:
     """A virtualenv whose entries link to this interpreter's, with its own install stamp."""
     venv.mkdir()

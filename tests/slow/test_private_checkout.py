@@ -28,6 +28,7 @@ from tests.embedded.checkout import (
     require_root_and_tools,
     run,
     run_until,
+    shared_virtualenv_state,
     status,
     wait_gone,
 )
@@ -72,10 +73,12 @@ def check_demo_is_up(port: int):
 @pytest.mark.timeout(3600)
 def test_make_test_and_make_demo_in_a_private_checkout():
     require_root_and_tools()
+    shared = shared_virtualenv_state()
     with private_clone() as clone, tempfile.TemporaryDirectory() as cache:
         env = clone_env(Path(cache))
         before = status(clone)
         run([*MAKE, "test", f"PYTEST_ARGS={PYTEST_ARGS}"], clone, env, timeout=3000)
+        assert shared_virtualenv_state() == shared, "make test installed into this virtualenv"
         assert leftovers(before, status(clone)) == []
 
         port, sandbox_port = free_port(), free_port()
