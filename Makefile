@@ -21,6 +21,23 @@ PYTEST_WORKERS ?= 2
 # The local pip configuration names index locations that do not exist on every machine; pip
 # warns about each one on every call. They are noise, so drop them from the output.
 PIP_FILTER := sed -u "/^WARNING: Location '.*' is ignored/d"
+# The tools' caches (bytecode, ruff, mypy, import-linter, pytest, Hypothesis) live outside the
+# checkout, in a directory of its own named after its path: `make test` leaves nothing in the
+# checkout, and `make clean` removes them with the rest.
+CACHE_HOME := $(or $(XDG_CACHE_HOME),$(if $(HOME),$(HOME)/.cache,/tmp))
+CHECKOUT_ID := $(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
+EG_CACHE_DIR ?= $(CACHE_HOME)/effect-gateway/$(CHECKOUT_ID)
+export PYTHONPYCACHEPREFIX := $(EG_CACHE_DIR)/pycache
+export RUFF_CACHE_DIR := $(EG_CACHE_DIR)/ruff
+export MYPY_CACHE_DIR := $(EG_CACHE_DIR)/mypy
+export HYPOTHESIS_STORAGE_DIRECTORY := $(EG_CACHE_DIR)/hypothesis
+PYTEST := $(PY) -m pytest -o cache_dir=$(EG_CACHE_DIR)/pytest
+# The steps of `make test`, each also a target of its own. `make test` runs them in its own
+# recipe, not through a sub-make: a sub-make would check the install stamp again.
+MYPY := $(VENV)/bin/mypy
+LINT_IMPORTS := $(VENV)/bin/lint-imports --cache-dir $(EG_CACHE_DIR)/import-linter
+CLIENTS_TEST := bash scripts/clients_smoke.sh
+PYTEST_SUITE = $(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # The docs site (mkdocs.yml): where `make docs` builds it, and where `make docs-serve` listens.
 DOCS_SITE_DIR ?= build/site
@@ -32,29 +49,21 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
 AXE_INSTALL := if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
 	else echo "note: npm is missing: the console's axe-core checks skip"; fi
 
-.PHONY: help install browser test test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema docs docs-serve screenshots
+.PHONY: help install browser test pytest test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema docs docs-serve screenshots
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "Variables: PYTEST_ARGS, PYTEST_WORKERS, DEMO_ARGS, BENCH_ARGS, DOCS_SITE_DIR, DOCS_ADDR,"
-	@echo "           PYTHON (interpreter for a new .venv)."
+	@echo "           PYTHON (interpreter for a new .venv), EG_CACHE_DIR (the tools' caches: $(EG_CACHE_DIR))."
 	@echo "Environment: DATABASE_URL, CELERY_BROKER_URL (default: PostgreSQL and Valkey from"
 	@echo "             wheels, started and stopped by make demo / make test themselves)."
 
 install: $(STAMP) ## Build .venv (Python >= 3.12) and install the project with its dev extra
 
 $(STAMP): pyproject.toml
-	@if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then \
-		py="$$(bash scripts/find_python.sh)"; \
-		echo "==> creating $(VENV) with $$py ($$("$$py" --version 2>&1))"; \
-		rm -rf $(VENV); \
-		"$$py" -m venv $(VENV); \
-	fi
-	@echo "==> installing dependencies into $(VENV)"
-	$(PY) -m pip install --quiet --upgrade pip 2>&1 | $(PIP_FILTER)
-	@# setuptools warns on every editable install that local folders may shadow the package.
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[dev]' 2>&1 | $(PIP_FILTER)
+	@# Each step with its time; the dependencies one line each as pip collects them.
+	@bash scripts/install.sh $(VENV) 2>&1 | $(PIP_FILTER)
 	@touch $@
 
 browser: ## Install Debian's chromium for the browser tests when missing (root only)
@@ -70,23 +79,26 @@ browser: ## Install Debian's chromium for the browser tests when missing (root o
 		echo "      the browser tests need it: sudo apt-get install chromium"; \
 	fi
 
-test: install browser ## Lint, format, types, import boundaries, migrations current, pytest
+test: install browser ## Lint, format, types, import boundaries, the clients, pytest (migrations current too)
 	@echo "==> database: $${DATABASE_URL:-embedded PostgreSQL, this run only}; broker: $${CELERY_BROKER_URL:-embedded Valkey}"
 	$(RUFF) check .
 	$(RUFF) format --check .
-	$(MAKE) typecheck lint-imports
-	$(PY) manage.py makemigrations --check --dry-run
+	$(MYPY)
+	$(LINT_IMPORTS)
 	@# The docs site, built strictly into a temporary directory (nothing left in the clone).
-	@site="$$(mktemp -d)"; trap 'rm -rf "$$site"' EXIT; $(MAKE) docs DOCS_SITE_DIR="$$site"
+	@site="$$(mktemp -d)"; trap 'rm -rf "$$site"' EXIT; $(MKDOCS) build --strict --site-dir "$$site"
 	@$(AXE_INSTALL)
-	$(MAKE) clients-test
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(CLIENTS_TEST)
+	$(PYTEST_SUITE)
+
+pytest: install ## The pytest step of make test alone (migrations current: tests/embedded/test_checkout.py)
+	$(PYTEST_SUITE)
 
 test-slow: install ## The slow tier only: the fault run (tests/slow/), on the run's own embedded servers
-	$(PY) -m pytest -m slow -n 0 tests/slow $(PYTEST_ARGS)
+	$(PYTEST) -m slow -n 0 tests/slow $(PYTEST_ARGS)
 
 clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
-	bash scripts/clients_smoke.sh
+	$(CLIENTS_TEST)
 
 clients-schema: install ## Regenerate clients/typescript/openapi.json and its TypeScript types
 	$(PY) manage.py spectacular --format openapi-json --file clients/typescript/openapi.json
@@ -110,10 +122,10 @@ lint: install ## ruff check and ruff format --check
 	$(RUFF) format --check .
 
 typecheck: install ## mypy with the Django and DRF plugins (config in pyproject.toml)
-	$(VENV)/bin/mypy
+	$(MYPY)
 
 lint-imports: install ## The import boundaries of docs/internals/layers.md (import-linter)
-	$(VENV)/bin/lint-imports
+	$(LINT_IMPORTS)
 
 fmt: install ## Format the code and apply ruff's safe fixes
 	$(RUFF) format .
@@ -125,6 +137,23 @@ demo: install ## Run the whole product locally: web :8000, worker, beat, sandbox
 bench: install ## Run the benchmark, tests/benchmarks/bench (BENCH_ARGS="--ledger 200000 --loop effect --paced 0.5", say)
 	$(PY) -m tests.benchmarks.bench $(BENCH_ARGS)
 
-clean: ## Remove .venv, var/ (the demo's database, broker, sandbox log, tokens) and caches
-	rm -rf $(VENV) var/ staticfiles/ build/ .pytest_cache/ .ruff_cache/ .mypy_cache/ .import_linter_cache/ ./*.egg-info
+clean: ## Remove what the build made: virtualenvs, node_modules, var/ (the demo's state), caches
+	@# As root in a private checkout the demo's servers keep their data outside it (var/servers
+	@# links there: gateway/embedded server_dir).
+	@if [ -L var/servers ]; then \
+		target="$$(readlink var/servers)"; \
+		case "$$target" in */eg-servers-*) echo "rm -rf $$target"; rm -rf -- "$$target" ;; esac; \
+	fi
+	@# A virtualenv 'nobody' cannot reach has its PostgreSQL binaries copied to the temporary
+	@# directory (gateway/embedded postgres_bin); each copy names its origin.
+	@for copy in "$${TMPDIR:-/tmp}"/eg-postgres-* /tmp/eg-postgres-* /var/tmp/eg-postgres-*; do \
+		if [ -d "$$copy" ] && grep -qsF "$(CURDIR)/" "$$copy/origin"; then \
+			echo "rm -rf $$copy"; rm -rf -- "$$copy"; \
+		fi; \
+	done
+	rm -rf $(VENV) .venv-clients/ var/ staticfiles/ build/ site/ ./*.egg-info \
+		tests/console/node_modules/ tests/providers/stripe_server/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ \
+		clients/python/build/ \
+		clients/python/src/*.egg-info .pytest_cache/ .ruff_cache/ .mypy_cache/ \
+		.import_linter_cache/ .hypothesis/ $(EG_CACHE_DIR)
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -408,7 +408,31 @@ def webhook_coverage(
 ) -> str:
     receiver = Receiver()
     secret = register(operator, receiver, principals=[agent_name], run_ids=[f"run-{RUN}"])
-    context = {"run_id": f"run-{RUN}"}
+    wanted = _effects_in_every_waited_on_state(agent, approver, {"run_id": f"run-{RUN}"})
+    receiver.wait_for(
+        secret,
+        lambda events: wanted <= {(e["data"].get("effect_id"), e["type"]) for e in events},
+        timeout=90,
+    )
+    events = receiver.events(secret)
+    assert all(e["data"]["context"].get("run_id") == f"run-{RUN}" for e in events)
+    agents = {h.get("user-agent", "") for _, h in receiver.deliveries}
+    assert all(a.startswith("effect-gateway/") for a in agents), agents
+    approval = next(e for e in events if e["type"] == "effect.awaiting_approval")
+    saga_id, saga_states = _saga_state_changes(agent, operator)
+    types = sorted({e["type"] for e in events})
+    return (
+        f"{len(events)} signed deliveries ({', '.join(types)}); approval url "
+        f"{approval['data']['approval']['url']}; other run filtered out; "
+        f"User-Agent {sorted(agents)[0]}; saga {saga_id} -> {saga_states}"
+    )
+
+
+def _effects_in_every_waited_on_state(
+    agent: GatewayClient, approver: GatewayClient, context: dict[str, str]
+) -> set[tuple[str, str]]:
+    """Drive effects of this run through every state an agent waits on (and one of another
+    run, to be filtered out); return the (effect id, event type) pairs to be announced."""
     refund = {"amount": 30_000, "currency": "EUR", "reason": "check"}
 
     def big(name: str, **extra):
@@ -445,7 +469,7 @@ def webhook_coverage(
         key=f"ticket.create:support:other-{RUN}:v1",
         context={"run_id": "other"},
     )
-    wanted = {
+    return {
         (approved.effect_id, "effect.awaiting_approval"),
         (approved.effect_id, "effect.approved"),
         (approved.effect_id, "effect.confirmed"),
@@ -455,17 +479,11 @@ def webhook_coverage(
         (ticket.effect_id, "effect.confirmed"),
         (ticket.effect_id, "effect.compensated"),
     }
-    receiver.wait_for(
-        secret,
-        lambda events: wanted <= {(e["data"].get("effect_id"), e["type"]) for e in events},
-        timeout=90,
-    )
-    events = receiver.events(secret)
-    assert all(e["data"]["context"].get("run_id") == f"run-{RUN}" for e in events)
-    agents = {h.get("user-agent", "") for _, h in receiver.deliveries}
-    assert all(a.startswith("effect-gateway/") for a in agents), agents
-    approval = next(e for e in events if e["type"] == "effect.awaiting_approval")
-    # Saga state changes, to an endpoint of their own (sagas carry no run id).
+
+
+def _saga_state_changes(agent: GatewayClient, operator: GatewayClient) -> tuple[str, list[str]]:
+    """Saga state changes, to an endpoint of their own (sagas carry no run id): start a saga
+    and return its id with the states announced for it."""
     saga_receiver = Receiver()
     saga_secret = register(operator, saga_receiver, event_types=["saga.state_changed"])
     definitions = agent._request("GET", "/api/v1/saga-definitions").json()["results"]
@@ -488,12 +506,7 @@ def webhook_coverage(
         for e in saga_receiver.events(saga_secret)
         if e["data"].get("saga_id") == started["saga_id"]
     ]
-    types = sorted({e["type"] for e in events})
-    return (
-        f"{len(events)} signed deliveries ({', '.join(types)}); approval url "
-        f"{approval['data']['approval']['url']}; other run filtered out; "
-        f"User-Agent {sorted(agents)[0]}; saga {started['saga_id']} -> {saga_states}"
-    )
+    return started["saga_id"], saga_states
 
 
 def main() -> int:

@@ -5,36 +5,52 @@
 #  2. the TypeScript client's unit tests with the machine's Node.js.
 # The venv is rebuilt only when clients/python/pyproject.toml or this script changes; the
 # client itself is reinstalled on every run (seconds), so the current code is what is tested.
+# Builds happen outside the source tree (pip builds a source tree in place, tsc writes dist/):
+# the checkout keeps only the venv and node_modules, which `make clean` removes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 
 VENV=.venv-clients
 STAMP=$VENV/.installed
+# A copy of the Python client's source that pip builds in; at a fixed place, so `pipx run`
+# below keeps reusing its cached environment.
+SRC=$VENV/src/python
 FRAMEWORKS=(openai-agents==0.24.0 langchain-mcp-adapters==0.3.2 langgraph==1.2.22 pipx==1.18.4)
 quiet() { "$@" 2>&1 | sed -u "/^WARNING: Location '.*' is ignored/d"; }
 
+fresh=0
 if [[ ! -f $STAMP || clients/python/pyproject.toml -nt $STAMP || $0 -nt $STAMP ]]; then
     py="$(bash scripts/find_python.sh)"
     echo "==> building $VENV with $py (the client beside ${FRAMEWORKS[*]})"
     rm -rf "$VENV"
     "$py" -m venv "$VENV"
     quiet "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    quiet "$VENV/bin/python" -m pip install --quiet "./clients/python[all]" "${FRAMEWORKS[@]}"
+    fresh=1
+fi
+rm -rf "$SRC"
+mkdir -p "$SRC"
+tar -C clients/python --exclude=build --exclude='*.egg-info' --exclude=__pycache__ -cf - . \
+    | tar -C "$SRC" -xf -
+if ((fresh)); then
+    quiet "$VENV/bin/python" -m pip install --quiet "./$SRC[all]" "${FRAMEWORKS[@]}"
     touch "$STAMP"
 fi
-quiet "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall ./clients/python
-rm -rf clients/python/build
+quiet "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "./$SRC"
 "$VENV/bin/python" -m pip check
 "$VENV/bin/python" clients/python/tests/smoke.py
 # As users run it: `pipx run` (its own throwaway environment, cached under $VENV/pipx).
 PIPX_HOME="$PWD/$VENV/pipx" PIPX_BIN_DIR="$PWD/$VENV/pipx/bin" \
-    "$VENV/bin/pipx" run --spec "./clients/python[mcp]" effect-gateway-mcp --help \
+    "$VENV/bin/pipx" run --spec "./$SRC[mcp]" effect-gateway-mcp --help \
     | grep -q "streamable-http" && echo "pipx run effect-gateway-mcp: ok"
 
 if command -v node >/dev/null && command -v npm >/dev/null; then
     cd clients/typescript
     [[ -x node_modules/.bin/tsc ]] || npm ci --no-audit --no-fund --silent
-    npm test --silent
+    # npm test, with the compiled files out of the checkout.
+    node_modules/.bin/tsc -p tsconfig.json --outDir "$work/dist"
+    node --test "$work/dist/test/"
 else
     echo "note: Node.js is missing; the TypeScript client's tests were not run" >&2
 fi

@@ -105,24 +105,7 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         )
     )
     waiting_approvals = approvals_waiting(principal=principal, now=now)
-    page = list(
-        triage_keyset(matching, filters)
-        .select_related("command")
-        .defer("command__payload_sealed", "command__intent")[: TRIAGE_PAGE_SIZE + 1]
-    )
-    has_next = len(page) > TRIAGE_PAGE_SIZE
-    page = page[:TRIAGE_PAGE_SIZE]
-    rows = [_triage_row(effect, now) for effect in page]
-    for holders in extensions.triage_holders:
-        held = holders([row.effect.pk for row in rows])
-        for row in rows:
-            row.holder = held.get(row.effect.pk, row.holder)
-    next_query = ""
-    if has_next:
-        last = page[-1]
-        # ``risk`` is annotated by triage_keyset when sorting by risk.
-        cursor = f"{cast(Any, last).risk}.{last.pk}" if filters.sort == "risk" else last.pk
-        next_query = filters.querystring(after=cursor)
+    rows, has_next, next_query = _triage_page(matching, filters, now)
     # What the other apps show above the queue (the sagas stopped for a human).
     panels = [panel(principal) for panel in extensions.triage_panels]
     # What the fragment shows, and nothing else: the poll answers 204 while it is unchanged.
@@ -150,6 +133,43 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         "next_query": next_query,
         "first_query": filters.querystring(after=""),
         "token": token,
+        **_filter_choices(),
+        "sort_label": SORTS[filters.sort],
+        "now": now,
+        "view_name": "triage",
+    }
+    for panel in panels:
+        context.update(panel.context)
+    return context
+
+
+def _triage_page(matching: Any, filters: TriageFilters, now: Any) -> tuple[list[Any], bool, str]:
+    """One page of the queue: its rows (with who holds each), whether more follow, and the
+    query string of the next page ("" on the last)."""
+    page = list(
+        triage_keyset(matching, filters)
+        .select_related("command")
+        .defer("command__payload_sealed", "command__intent")[: TRIAGE_PAGE_SIZE + 1]
+    )
+    has_next = len(page) > TRIAGE_PAGE_SIZE
+    page = page[:TRIAGE_PAGE_SIZE]
+    rows = [_triage_row(effect, now) for effect in page]
+    for holders in extensions.triage_holders:
+        held = holders([row.effect.pk for row in rows])
+        for row in rows:
+            row.holder = held.get(row.effect.pk, row.holder)
+    next_query = ""
+    if has_next:
+        last = page[-1]
+        # ``risk`` is annotated by triage_keyset when sorting by risk.
+        cursor = f"{cast(Any, last).risk}.{last.pk}" if filters.sort == "risk" else last.pk
+        next_query = filters.querystring(after=cursor)
+    return rows, has_next, next_query
+
+
+def _filter_choices() -> dict[str, Any]:
+    """The choices of the queue's filter and sort controls."""
+    return {
         "statuses": S.values,
         "types": sorted(CONTRACTS),
         "owners": owners(),
@@ -162,13 +182,7 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         "providers": providers(),
         "correlation_keys": CORRELATION_KEYS,
         "causes": list(CAUSES.items()),
-        "sort_label": SORTS[filters.sort],
-        "now": now,
-        "view_name": "triage",
     }
-    for panel in panels:
-        context.update(panel.context)
-    return context
 
 
 def bulk_menu(request: ConsoleRequest, groups: list[Any]) -> list[dict[str, Any]]:

@@ -91,10 +91,7 @@ def verdict(
     lookups failing in a row, from reconciliation), ``open_case``."""
     provider = proof.provider
     key = proof.provider_key
-    failing_since: datetime | None = page.get("failing_since")
-    open_case = page.get("open_case")
     what = _what(contract, effect)
-    status = effect.status
     if effect.mismatch:
         return Verdict(
             f"{provider} answered with an operation that does not match this command: it is "
@@ -103,27 +100,60 @@ def verdict(
             f"evidence; look key {key} up at {provider}.",
             "danger",
         )
-    if status == S.UNKNOWN:
-        if failing_since is not None:
-            return Verdict(
-                f"{provider} may have done {what}; lookups are failing since "
-                f"{_clock(failing_since)}.",
-                f"Check {provider} for key {key} before you resolve: never resolve as "
-                "“not started” on a guess.",
-                "attention",
-            )
-        if effect.escalated:
-            return Verdict(
-                f"Nobody knows whether {provider} did {what}: the lookups were used up.",
-                f"Check {provider} for key {key}, then resolve with evidence — or re-arm the "
-                "lookups once the provider answers again.",
-                "attention",
-            )
+    if effect.status == S.UNKNOWN:
+        return _unknown_verdict(effect, provider, key, what, page.get("failing_since"))
+    if effect.status == S.CONFIRMED:
+        return _confirmed_verdict(provider, key, what, proof, page.get("open_case"))
+    return _status_verdict(effect, provider, key, what)
+
+
+def _unknown_verdict(
+    effect: Effect, provider: str, key: str, what: str, failing_since: datetime | None
+) -> Verdict:
+    """An UNKNOWN effect: whether the lookups fail, were used up, or are still going."""
+    if failing_since is not None:
         return Verdict(
-            f"Nobody knows yet whether {provider} did {what}; it is being looked up.",
-            f"Reconcile now to ask {provider} by key {key}.",
+            f"{provider} may have done {what}; lookups are failing since {_clock(failing_since)}.",
+            f"Check {provider} for key {key} before you resolve: never resolve as "
+            "“not started” on a guess.",
             "attention",
         )
+    if effect.escalated:
+        return Verdict(
+            f"Nobody knows whether {provider} did {what}: the lookups were used up.",
+            f"Check {provider} for key {key}, then resolve with evidence — or re-arm the "
+            "lookups once the provider answers again.",
+            "attention",
+        )
+    return Verdict(
+        f"Nobody knows yet whether {provider} did {what}; it is being looked up.",
+        f"Reconcile now to ask {provider} by key {key}.",
+        "attention",
+    )
+
+
+def _confirmed_verdict(
+    provider: str, key: str, what: str, proof: Evidence, open_case: Any
+) -> Verdict:
+    """A CONFIRMED effect, unless a later answer disagrees (an open case)."""
+    if open_case is not None:
+        return Verdict(
+            f"{provider} did {what}, but a later answer disagrees "
+            f"({open_case.get_reason_display()}).",
+            f"Check operation {proof.operation_id or key} at {provider}, then close the case "
+            "with what you found.",
+            "danger",
+        )
+    return Verdict(
+        f"{provider} did {what}.",
+        "Nothing to do, unless it must be undone: compensate within its window.",
+        "ok",
+    )
+
+
+def _status_verdict(effect: Effect, provider: str, key: str, what: str) -> Verdict:
+    """Every other status: what the status alone says."""
+    status = effect.status
     if status == S.IN_PROGRESS:
         return Verdict(
             f"{provider} accepted {what} and is still working on it.",
@@ -135,20 +165,6 @@ def verdict(
             f"{provider} never received {what}, and it cannot be sent again by itself.",
             "Resolve it (sent again with the same key while it is unexpired), or let it expire.",
             "attention",
-        )
-    if status == S.CONFIRMED:
-        if open_case is not None:
-            return Verdict(
-                f"{provider} did {what}, but a later answer disagrees "
-                f"({open_case.get_reason_display()}).",
-                f"Check operation {proof.operation_id or key} at {provider}, then close the case "
-                "with what you found.",
-                "danger",
-            )
-        return Verdict(
-            f"{provider} did {what}.",
-            "Nothing to do, unless it must be undone: compensate within its window.",
-            "ok",
         )
     if status == S.COMPENSATION_FAILED:
         return Verdict(

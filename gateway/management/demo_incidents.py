@@ -105,8 +105,19 @@ def seed(
     definitions = api.call("GET", "/saga-definitions", expect=(200,))
     definitions = definitions.get("results", definitions)
     order = next(d for d in definitions if d["name"] == "order.fulfillment")["example"]
+    _cancelled_order(api, order, say)
+    _billing_outage(api, sandbox, order, say)
+    _mismatched_ticket(api, sandbox, say)
+    _refunds_waiting(api, say)
+    return (
+        "incidents: 1 manual compensation, 1 paused saga, 2 UNKNOWN charges (billing lookups "
+        f"down until `curl -X DELETE {sandbox_url}/_faults`), 1 receipt mismatch, "
+        "2 approvals"
+    )
 
-    # 1. Fulfilled, then cancelled with compensation: the email goes to its owner by hand.
+
+def _cancelled_order(api: _Api, order: dict[str, Any], say: Callable[[str], None]) -> None:
+    """1. Fulfilled, then cancelled with compensation: the email goes to its owner by hand."""
     saga = api.call(
         "POST",
         "/sagas",
@@ -129,7 +140,11 @@ def seed(
     )
     say("scenario: order ord_1001 cancelled; its email needs a manual compensation")
 
-    # 2. The billing provider's lookups go down, and two charges lose their answer.
+
+def _billing_outage(
+    api: _Api, sandbox: httpx.Client, order: dict[str, Any], say: Callable[[str], None]
+) -> None:
+    """2. The billing provider's lookups go down, and two charges lose their answer."""
     _fault(sandbox, fault="lookup_unreachable", provider="billing", times=None)
     _fault(sandbox, fault="commit_then_drop", type="billing.charge.create", times=2)
     paused = api.call(
@@ -149,7 +164,9 @@ def seed(
     api.wait(f"/effects/{charge}", "status", {"UNKNOWN"}, "charge ord_1003 to be UNKNOWN")
     say("scenario: billing lookups are down; order ord_1002 paused, charge ord_1003 UNKNOWN")
 
-    # 3. A receipt that does not match what was sent.
+
+def _mismatched_ticket(api: _Api, sandbox: httpx.Client, say: Callable[[str], None]) -> None:
+    """3. A receipt that does not match what was sent."""
     _fault(sandbox, fault="digest_mismatch", type="ticket.create", times=1)
     ticket = api.submit(
         "demo-ticket-mismatch",
@@ -164,7 +181,9 @@ def seed(
     )
     say("scenario: ticket receipt mismatch recorded")
 
-    # 4. Refunds over 100.00 wait for an approver (alice).
+
+def _refunds_waiting(api: _Api, say: Callable[[str], None]) -> None:
+    """4. Refunds over 100.00 wait for an approver (alice)."""
     for number, amount in ((1004, 25000), (1005, 18000)):
         api.submit(
             f"demo-refund-{number}",
@@ -174,8 +193,3 @@ def seed(
             intent={"summary": f"refund order ord_{number}, damaged on arrival"},
         )
     say("scenario: two refunds wait for an approver")
-    return (
-        "incidents: 1 manual compensation, 1 paused saga, 2 UNKNOWN charges (billing lookups "
-        f"down until `curl -X DELETE {sandbox_url}/_faults`), 1 receipt mismatch, "
-        "2 approvals"
-    )

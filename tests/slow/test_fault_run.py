@@ -85,10 +85,112 @@ def confirmed(effect_ids: list[str]) -> int:
     return Effect.objects.filter(pk__in=effect_ids, status="CONFIRMED").count()
 
 
+class FaultRun:
+    """The run's moving parts: the seeded choices, the supervised worker and beat, the
+    servers it stops and starts, what happened (``events``) and the effects submitted."""
+
+    fix = "the fault run restarts the embedded servers"
+
+    def __init__(self, servers, agent, supervisor: crash.Supervisor) -> None:
+        self.rng = random.Random(SEED)
+        self.servers = servers
+        self.agent = agent
+        self.supervisor = supervisor
+        self.events: list[str] = []
+        self.effect_ids: list[str] = []
+        self.resumed: float | None = None  # confirmations resumed this long after PostgreSQL
+
+    def submit(self, index: int) -> None:
+        body = {
+            "type": "ticket.create",
+            "resource": {"type": "queue", "id": "support"},
+            "payload": {"title": f"fault run {index}", "priority": self.rng.choice(["P2", "P3"])},
+        }
+        response = self.agent.submit(body, f"fault-run-{index}")
+        assert response.status_code == 201, (index, response.status_code, response.content)
+        self.effect_ids.append(response.json()["effect_id"])
+
+    def submit_all(self) -> None:
+        """Submit COMMANDS, SIGKILLing the worker once and stopping the broker once."""
+        first_kill_at = self.rng.randrange(COMMANDS // 6, COMMANDS // 3)
+        broker_down_at = self.rng.randrange(COMMANDS // 2, 2 * COMMANDS // 3)
+        started = time.monotonic()
+        index = 0
+        while index < COMMANDS:
+            self.supervisor.tick()
+            if index == first_kill_at:
+                self.supervisor.sigkill_worker()
+                self.events.append(f"SIGKILL worker at submission {index}")
+            if index == broker_down_at:
+                self.servers.valkey.stop()
+                down = time.monotonic()
+                # Submissions while the broker is down: committed, answered 201, sent later
+                # by the sweeper (the ledger is the record).
+                for _ in range(min(BROKER_OUTAGE_COMMANDS, COMMANDS - index)):
+                    self.submit(index)
+                    index += 1
+                self.servers.valkey.start(fix=self.fix)
+                self.events.append(
+                    f"broker down {time.monotonic() - down:.1f}s from submission "
+                    f"{broker_down_at} ({BROKER_OUTAGE_COMMANDS} submitted meanwhile)"
+                )
+                continue
+            self.submit(index)
+            index += 1
+        self.events.append(f"{COMMANDS} submitted in {time.monotonic() - started:.0f}s")
+
+    def postgres_outage(self, done: int) -> float:
+        """Stop PostgreSQL for OUTAGE_SECONDS; the worker and beat keep running (and are
+        restarted if they die) while the database is away. Returns when it was back."""
+        connection.close()
+        self.servers.postgres.stop()
+        down = time.monotonic()
+        while time.monotonic() - down < OUTAGE_SECONDS:
+            self.supervisor.tick()
+            time.sleep(0.2)
+        self.servers.postgres.start(fix=self.fix)
+        self.events.append(f"PostgreSQL down {time.monotonic() - down:.1f}s at {done} confirmed")
+        return time.monotonic()
+
+    def settle(self, logs) -> None:
+        """Wait until every effect settled, with a PostgreSQL outage at 40 % confirmed and a
+        second worker SIGKILL after 60 %: triggered by the ledger's progress, not the clock."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        outage_done = second_kill_done = False
+        second_kill_after = self.rng.uniform(0, 2)
+        second_kill_ready_at: float | None = None
+        back = 0.0
+        confirmed_when_back = 0
+        while True:
+            self.supervisor.tick()
+            done = confirmed(self.effect_ids)
+            if not outage_done and done >= 0.4 * COMMANDS:
+                back, confirmed_when_back = self.postgres_outage(done), done
+                outage_done = True
+                continue
+            if outage_done and self.resumed is None and done > confirmed_when_back:
+                self.resumed = time.monotonic() - back
+                self.events.append(
+                    f"confirmations resumed {self.resumed:.1f}s after PostgreSQL was back"
+                )
+            if outage_done and not second_kill_done and done >= 0.6 * COMMANDS:
+                second_kill_ready_at = second_kill_ready_at or time.monotonic()
+                if time.monotonic() - second_kill_ready_at >= second_kill_after:
+                    self.supervisor.sigkill_worker()
+                    self.events.append(f"SIGKILL worker at {done} confirmed")
+                    second_kill_done = True
+            if second_kill_done and crash._settled_or_queued(self.effect_ids):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"not settled within {SETTLE_TIMEOUT}s (seed {SEED}): {self.events}; "
+                    f"{confirmed(self.effect_ids)} confirmed; logs in {logs}"
+                )
+            time.sleep(0.3)
+
+
 @pytest.mark.timeout(SETTLE_TIMEOUT + 240)
 def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, capsys):
-    rng = random.Random(SEED)
-    fix = "the fault run restarts the embedded servers"
     base = sandbox_server.base_url("tickets")
     for fault, extra in (
         ("commit_then_drop", {}),
@@ -97,100 +199,22 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
         ("processing", {"lookups": 2}),
     ):
         switch_fault(base, fault, times=FAULTS_PER_KIND, **extra)
-    events: list[str] = []
     failpoints = "dispatch.after_claim=1,dispatch.after_call=1,dispatch.after_record=1"
     supervisor = crash.Supervisor(
         queue=queue, logs=tmp_path, failpoints=failpoints, failpoint_dir=tmp_path / "failpoints"
     )
-    first_kill_at = rng.randrange(COMMANDS // 6, COMMANDS // 3)
-    broker_down_at = rng.randrange(COMMANDS // 2, 2 * COMMANDS // 3)
-    effect_ids: list[str] = []
+    fault_run = FaultRun(servers, agent, supervisor)
     started = time.monotonic()
-
-    def submit(index: int) -> None:
-        body = {
-            "type": "ticket.create",
-            "resource": {"type": "queue", "id": "support"},
-            "payload": {"title": f"fault run {index}", "priority": rng.choice(["P2", "P3"])},
-        }
-        response = agent.submit(body, f"fault-run-{index}")
-        assert response.status_code == 201, (index, response.status_code, response.content)
-        effect_ids.append(response.json()["effect_id"])
-
     try:
-        index = 0
-        while index < COMMANDS:
-            supervisor.tick()
-            if index == first_kill_at:
-                supervisor.sigkill_worker()
-                events.append(f"SIGKILL worker at submission {index}")
-            if index == broker_down_at:
-                servers.valkey.stop()
-                down = time.monotonic()
-                # Submissions while the broker is down: committed, answered 201, sent later
-                # by the sweeper (the ledger is the record).
-                for _ in range(min(BROKER_OUTAGE_COMMANDS, COMMANDS - index)):
-                    submit(index)
-                    index += 1
-                servers.valkey.start(fix=fix)
-                events.append(
-                    f"broker down {time.monotonic() - down:.1f}s from submission "
-                    f"{broker_down_at} ({BROKER_OUTAGE_COMMANDS} submitted meanwhile)"
-                )
-                continue
-            submit(index)
-            index += 1
-        events.append(f"{COMMANDS} submitted in {time.monotonic() - started:.0f}s")
-
+        fault_run.submit_all()
         # Lookups unreachable for a while: the next reconciliations meet a provider that
         # cannot answer and must back off, not guess.
         switch_fault(base, "lookup_unreachable", times=FAULTS_PER_KIND * 2)
-
-        # The rest is triggered by the ledger's progress, not by the clock.
-        deadline = time.monotonic() + SETTLE_TIMEOUT
-        outage_done = second_kill_done = False
-        second_kill_after = rng.uniform(0, 2)
-        second_kill_ready_at: float | None = None
-        back = 0.0
-        confirmed_when_back = 0
-        resumed: float | None = None
-        while True:
-            supervisor.tick()
-            done = confirmed(effect_ids)
-            if not outage_done and done >= 0.4 * COMMANDS:
-                connection.close()
-                servers.postgres.stop()
-                down = time.monotonic()
-                # The outage lasts OUTAGE_SECONDS; the worker and beat keep running (and
-                # are restarted if they die) while the database is away.
-                while time.monotonic() - down < OUTAGE_SECONDS:
-                    supervisor.tick()
-                    time.sleep(0.2)
-                servers.postgres.start(fix=fix)
-                events.append(f"PostgreSQL down {time.monotonic() - down:.1f}s at {done} confirmed")
-                outage_done = True
-                back, confirmed_when_back = time.monotonic(), done
-                continue
-            if outage_done and resumed is None and done > confirmed_when_back:
-                resumed = time.monotonic() - back
-                events.append(f"confirmations resumed {resumed:.1f}s after PostgreSQL was back")
-            if outage_done and not second_kill_done and done >= 0.6 * COMMANDS:
-                second_kill_ready_at = second_kill_ready_at or time.monotonic()
-                if time.monotonic() - second_kill_ready_at >= second_kill_after:
-                    supervisor.sigkill_worker()
-                    events.append(f"SIGKILL worker at {done} confirmed")
-                    second_kill_done = True
-            if second_kill_done and crash._settled_or_queued(effect_ids):
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"not settled within {SETTLE_TIMEOUT}s (seed {SEED}): {events}; "
-                    f"{confirmed(effect_ids)} confirmed; logs in {tmp_path}"
-                )
-            time.sleep(0.3)
+        fault_run.settle(tmp_path)
     finally:
         supervisor.stop()
     run = supervisor.result()
+    effect_ids = fault_run.effect_ids
     faults = Counter(entry.get("fault") for entry in sandbox.log() if entry.get("fault"))
     report = crash.check(
         effect_ids,
@@ -204,7 +228,7 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
     load = os.getloadavg()
     summary = [
         f"seed: {SEED}",
-        *events,
+        *fault_run.events,
         *report.lines(),
         f"worker exits: {len(run.exits)} ({run.unexpected_exits} not caused by the run)",
         f"provider operations: {len(sandbox.operations())}",
@@ -223,5 +247,5 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
     assert supervisor.sigkills == 2 and run.kills == 5, summary
     assert run.unexpected_exits == 0, (summary, run.log)
     # The workers reconnect by themselves: no stall until a reuse count runs out.
-    assert resumed is not None and resumed < RESUME_WITHIN, summary
+    assert fault_run.resumed is not None and fault_run.resumed < RESUME_WITHIN, summary
     assert "BROKEN" not in audit.getvalue(), summary

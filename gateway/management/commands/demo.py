@@ -340,7 +340,7 @@ def describe_servers() -> str:
     db = connection.settings_dict
     on_socket = str(db["HOST"]).startswith("/")
     database = (
-        f"embedded PostgreSQL (data in {var_dir() / 'postgres'})"
+        f"embedded PostgreSQL (data in {embedded.server_dir(var_dir()) / 'postgres'})"
         if on_socket
         else f"PostgreSQL at {db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
     )

@@ -146,42 +146,14 @@ class _Handler(BaseHTTPRequestHandler):
                 return Reply(200, {"ok": True})
         elif route == "_faults" and len(segments) == 1:
             allowed = ("GET", "POST", "DELETE")
-            if method == "GET":
-                return Reply(200, {"faults": provider.faults()})
-            if method == "DELETE":
-                provider.clear_faults()
-                return Reply(200, {"faults": []})
-            if method == "POST":
-                spec = _json_object(body)
-                fault = spec.pop("fault", None)
-                if not isinstance(fault, str):
-                    raise BadRequest("fault is required")
-                spec.setdefault("provider", prefix)
-                spec.setdefault("times", 1)
-                return Reply(201, provider.add_fault(fault, **spec))
+            if method in allowed:
+                return _faults(provider, method, prefix, body)
         elif route == "_resources" and len(segments) == 1:
             allowed = ("GET", "POST")
             if method == "GET":
                 return Reply(200, {"resources": provider.resources()})
             if method == "POST":
-                spec = _json_object(body)
-                spec.setdefault("provider", prefix)
-                unknown = set(spec) - {"provider", "type", "id", "version"}
-                if unknown:
-                    raise BadRequest(f"unknown fields: {', '.join(sorted(unknown))}")
-                if not isinstance(spec.get("type"), str) or not isinstance(
-                    spec.get("id"), str | int
-                ):
-                    raise BadRequest("type (a string) and id are required")
-                if spec["provider"] is not None and not isinstance(spec["provider"], str):
-                    raise BadRequest("provider must be a string or null")
-                provider.set_resource_version(
-                    provider=spec["provider"],
-                    type=spec["type"],
-                    id=spec["id"],
-                    version=spec.get("version"),
-                )
-                return Reply(200, {k: spec.get(k) for k in ("provider", "type", "id", "version")})
+                return _set_resource(provider, prefix, body)
         elif route == "_operations" and len(segments) == 1:
             allowed = ("GET",)
             if method == "GET":
@@ -247,6 +219,42 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     return data
+
+
+def _faults(provider: SandboxProvider, method: str, prefix: str | None, body: bytes) -> Reply:
+    """``/_faults``: list them (GET), clear them (DELETE), add one (POST)."""
+    if method == "GET":
+        return Reply(200, {"faults": provider.faults()})
+    if method == "DELETE":
+        provider.clear_faults()
+        return Reply(200, {"faults": []})
+    spec = _json_object(body)
+    fault = spec.pop("fault", None)
+    if not isinstance(fault, str):
+        raise BadRequest("fault is required")
+    spec.setdefault("provider", prefix)
+    spec.setdefault("times", 1)
+    return Reply(201, provider.add_fault(fault, **spec))
+
+
+def _set_resource(provider: SandboxProvider, prefix: str | None, body: bytes) -> Reply:
+    """``POST /_resources``: set the version of a resource the provider holds."""
+    spec = _json_object(body)
+    spec.setdefault("provider", prefix)
+    unknown = set(spec) - {"provider", "type", "id", "version"}
+    if unknown:
+        raise BadRequest(f"unknown fields: {', '.join(sorted(unknown))}")
+    if not isinstance(spec.get("type"), str) or not isinstance(spec.get("id"), str | int):
+        raise BadRequest("type (a string) and id are required")
+    if spec["provider"] is not None and not isinstance(spec["provider"], str):
+        raise BadRequest("provider must be a string or null")
+    provider.set_resource_version(
+        provider=spec["provider"],
+        type=spec["type"],
+        id=spec["id"],
+        version=spec.get("version"),
+    )
+    return Reply(200, {k: spec.get(k) for k in ("provider", "type", "id", "version")})
 
 
 class SandboxServer:
