@@ -8,8 +8,8 @@ free loopback port), so the CPU read here (``time.process_time``: user + system 
 process, one thread) is the client's alone. It loads the adapter module of a git revision
 (``--baseline``; the default, ``c41cbd2``, holds a minimal client on the standard library's
 sockets and ``http.client`` parser) from ``git show REV:gateway/providers/http.py`` into a
-temporary module beside the worktree's, and runs rounds that alternate which goes first, each
-round N calls of ``execute`` (a new key each) and N lookups by key through one adapter, with
+temporary module beside the worktree's, and runs rounds that alternate which goes first, each made
+of N calls of ``execute`` (a new key each) and N lookups by key through one adapter, with
 a warm-up call first (client, pool and connection made outside the measure). It prints each
 side's median CPU and wall milliseconds per pair (an execute and its lookup) and the ratio.
 Nothing here is timed in a test: it is a measuring tool.
