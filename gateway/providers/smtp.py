@@ -287,10 +287,11 @@ class SmtpAdapter:
         )
         try:
             result = self._send(smtp, message, recipients, message_id, request)
+            _quit(smtp)
         except _Stop as stop:
             result = stop.result
         finally:
-            _close(smtp)
+            smtp.close()
         self._remember(request.idempotency_key, smtp.transcript)
         return result
 
@@ -460,6 +461,10 @@ class SmtpAdapter:
         self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
     ) -> LookupResult:
         message_id = provider_operation_id or self.message_id(idempotency_key)
+        if not re.fullmatch(r"<[!-~]+>", message_id) or '"' in message_id or "\\" in message_id:
+            return LookupResult(
+                LookupStatus.UNREACHABLE, error=f"{message_id!r} is not a Message-ID to search for"
+            )
         if self.imap is None:
             transcript = self._transcripts.get(idempotency_key)
             sent = (
@@ -526,20 +531,19 @@ def _refused(
 
 
 def _reset(smtp: _RecordingSMTP) -> list[str]:
-    """RSET after a refusal (best effort), so nothing half-built stays on the session."""
+    """RSET and QUIT after a refusal (best effort): nothing half-built stays on the session."""
     with contextlib.suppress(OSError, smtplib.SMTPException):
         smtp.rset()
+    _quit(smtp)
     return smtp.transcript
 
 
-def _close(smtp: _RecordingSMTP) -> None:
-    try:
+def _quit(smtp: _RecordingSMTP) -> None:
+    """QUIT on a healthy session. A session that failed is only closed: a QUIT there would
+    wait for an answer that may never come."""
+    with contextlib.suppress(OSError, smtplib.SMTPException):
         if smtp.sock is not None:
             smtp.quit()
-    except (OSError, smtplib.SMTPException):
-        pass
-    finally:
-        smtp.close()
 
 
 class _ImapRefused(Exception):

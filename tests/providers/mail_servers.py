@@ -170,7 +170,8 @@ USERNAME = "gateway"
 
 class SmtpServer:
     """aiosmtpd on a free loopback port, in a thread. With a certificate it offers STARTTLS
-    (and requires it); with a password it requires AUTH as ``USERNAME``."""
+    (and requires it); with a password it requires AUTH as ``USERNAME`` (PLAIN and LOGIN, less
+    those in ``auth_exclude``)."""
 
     def __init__(
         self,
@@ -178,6 +179,7 @@ class SmtpServer:
         *,
         certificate: tuple[Path, Path] | None = None,
         password: str = "",
+        auth_exclude: tuple[str, ...] = (),
     ) -> None:
         self.handler = handler
         self.password = password
@@ -188,7 +190,11 @@ class SmtpServer:
             context.load_cert_chain(str(certificate[0]), str(certificate[1]))
             kwargs.update(tls_context=context, require_starttls=True)
         if password:
-            kwargs.update(authenticator=self._authenticate, auth_required=True)
+            kwargs.update(
+                authenticator=self._authenticate,
+                auth_required=True,
+                auth_exclude_mechanism=auth_exclude,
+            )
         self.controller = Controller(
             handler, hostname="127.0.0.1", port=self.port, ready_timeout=10, **kwargs
         )
