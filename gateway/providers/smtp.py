@@ -32,8 +32,10 @@ at "sent", and the archive holds only what the server accepted), its ``X-Payload
 checked by the caller like any provider digest. "Not found" is NOT_FOUND only when the search
 could have seen the message: the archive receives a copy of every message (the adapter's
 Bcc, or the server's own copy when ``server_archives`` says so) and keeps it at least as
-long as the contract's key retention (checked when the adapter is built). A search that
-cannot run is UNREACHABLE. With no IMAP archive every lookup is UNREACHABLE, with the
+long as the contract's key retention (checked when the adapter is built), and the archive
+copy has had time to arrive: within ``delivery_grace`` of a body this process sent, "not
+found" is UNREACHABLE (a copy still in the mail system's queue is not yet in the mailbox). A
+search that cannot run is UNREACHABLE. With no IMAP archive every lookup is UNREACHABLE, with the
 Message-ID and the send's transcript as evidence: the reconciler counts each as an
 inconclusive lookup and, after the contract's reconcile budget, pauses the effect and
 escalates it to a human, who checks the mailbox and decides. Never sent again on its own.
@@ -51,6 +53,7 @@ import imaplib
 import re
 import smtplib
 import ssl
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -105,7 +108,9 @@ class ImapArchive:
 
     ``tls`` is ``"ssl"`` (IMAPS, implicit TLS), ``"starttls"`` or ``"none"`` (loopback and tests
     only). ``retention`` is how long the mailbox keeps the copies; ``server_archives`` says the
-    SMTP server itself copies every accepted message here, so the adapter needs no Bcc."""
+    SMTP server itself copies every accepted message here, so the adapter needs no Bcc.
+    ``delivery_grace`` is how long after this process sent a message's body a "not found"
+    is not trusted: the archive copy may still be on its way."""
 
     host: str
     username: str
@@ -116,6 +121,7 @@ class ImapArchive:
     ca_file: str | None = None
     retention: timedelta = timedelta(days=30)
     server_archives: bool = False
+    delivery_grace: timedelta = timedelta(minutes=5)
 
     def __post_init__(self) -> None:
         if not self.host or not self.username or not self.password:
@@ -136,6 +142,7 @@ class _RecordingSMTP(smtplib.SMTP):
     def __init__(self, *, host: str, timeout: float, local_hostname: str | None) -> None:
         self.transcript: list[str] = []
         self._in_auth = False
+        self.body_sent_at: float | None = None
         super().__init__(timeout=timeout, local_hostname=local_hostname)
         # The name STARTTLS checks the certificate against (smtplib sets it only when the
         # constructor connects, and this one connects later, in ``_open``).
@@ -260,7 +267,8 @@ class SmtpAdapter:
             contract.completion_statuses if contract else frozenset({"succeeded"})
         )
         self._username, self._password, self._ca_file = username, password, ca_file
-        self._transcripts: OrderedDict[str, list[str]] = OrderedDict()
+        # What this process sent, by key: the transcript, and when the body left (if it did).
+        self._sent: OrderedDict[str, tuple[list[str], float | None]] = OrderedDict()
 
     def message_id(self, idempotency_key: str) -> str:
         return message_id_for(idempotency_key, self.message_id_domain)
@@ -292,7 +300,7 @@ class SmtpAdapter:
             result = stop.result
         finally:
             smtp.close()
-        self._remember(request.idempotency_key, smtp.transcript)
+        self._remember(request.idempotency_key, smtp)
         return result
 
     def _message(self, request: ExecuteRequest, message_id: str) -> tuple[EmailMessage, str]:
@@ -426,6 +434,7 @@ class SmtpAdapter:
         if code != 354:
             _refused(code, answer, "DATA", smtp, expected=354)
         smtp.transcript.append(f"C: (message body, {len(body)} bytes)")
+        smtp.body_sent_at = time.monotonic()
         try:
             smtp.send(body)
             code, answer = smtp.getreply()
@@ -449,11 +458,11 @@ class SmtpAdapter:
             )
         return _text(answer)
 
-    def _remember(self, key: str, transcript: list[str]) -> None:
-        self._transcripts[key] = list(transcript)
-        self._transcripts.move_to_end(key)
-        while len(self._transcripts) > _TRANSCRIPTS_KEPT:
-            self._transcripts.popitem(last=False)
+    def _remember(self, key: str, smtp: _RecordingSMTP) -> None:
+        self._sent[key] = (list(smtp.transcript), smtp.body_sent_at)
+        self._sent.move_to_end(key)
+        while len(self._sent) > _TRANSCRIPTS_KEPT:
+            self._sent.popitem(last=False)
 
     # --- lookups ------------------------------------------------------------------------------
 
@@ -466,7 +475,7 @@ class SmtpAdapter:
                 LookupStatus.UNREACHABLE, error=f"{message_id!r} is not a Message-ID to search for"
             )
         if self.imap is None:
-            transcript = self._transcripts.get(idempotency_key)
+            transcript, _ = self._sent.get(idempotency_key, ([], None))
             sent = (
                 _evidence(transcript)
                 if transcript
@@ -478,13 +487,25 @@ class SmtpAdapter:
                 f"a human checks the mailbox and decides\n{sent}",
             )
         try:
-            return _search_archive(self.imap, message_id, timeout)
+            found = _search_archive(self.imap, message_id, timeout)
         except (OSError, imaplib.IMAP4.error, ssl.SSLError, _ImapRefused) as exc:
             return LookupResult(
                 LookupStatus.UNREACHABLE,
                 error=f"the IMAP archive {self.imap.host}:{self.imap.port} could not be "
                 f"searched for {message_id}: {_describe(exc)}",
             )
+        _, body_sent_at = self._sent.get(idempotency_key, ([], None))
+        grace = self.imap.delivery_grace.total_seconds()
+        if found.status == LookupStatus.NOT_FOUND and body_sent_at is not None:
+            age = time.monotonic() - body_sent_at
+            if age < grace:
+                return LookupResult(
+                    LookupStatus.UNREACHABLE,
+                    error=f"{message_id} is not in the archive yet, but its body was sent "
+                    f"{age:.0f}s ago: the archive copy may still be in delivery (a "
+                    f"'not found' is trusted {grace:.0f}s after the send)",
+                )
+        return found
 
 
 def _check_archive(

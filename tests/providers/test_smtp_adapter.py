@@ -310,6 +310,33 @@ def test_a_key_never_sent_is_not_found_and_over_imaps_too(
     assert found.operation.payload_digest == request.payload_digest
 
 
+def test_a_not_found_right_after_a_lost_answer_is_not_trusted(
+    smtp: SmtpServer, handler: MailHandler, dovecot: Dovecot
+) -> None:
+    """The server stored the message, its archive copy has not been delivered yet (the
+    handler has no Maildir here): within the delivery grace "not found" proves nothing."""
+    handler.fault = "drop_after_data"
+    request = command()
+    waiting = adapter(smtp.port, archive_address=ARCHIVE, imap=archive_of(dovecot))
+    assert waiting.execute(request).outcome == Outcome.UNKNOWN
+    unsure = waiting.lookup(idempotency_key=request.idempotency_key, timeout=5.0)
+    handler.fault = None
+    again = waiting.execute(request)
+
+    assert unsure.status == LookupStatus.UNREACHABLE, unsure
+    assert "may still be in delivery" in unsure.error
+    assert again.outcome == Outcome.NOT_STARTED, again
+    assert handler.count(message_id_for(request.idempotency_key, DOMAIN)) == 1
+
+    no_grace = archive_of(dovecot, delivery_grace=timedelta(0))
+    trusting = adapter(smtp.port, archive_address=ARCHIVE, imap=no_grace)
+    handler.fault = "drop_after_data"
+    other = command()
+    assert trusting.execute(other).outcome == Outcome.UNKNOWN
+    missing = trusting.lookup(idempotency_key=other.idempotency_key, timeout=5.0)
+    assert missing.status == LookupStatus.NOT_FOUND, missing
+
+
 def test_an_archive_that_cannot_be_searched_is_unreachable_and_blocks_a_send(
     smtp: SmtpServer, archived: MailHandler, dovecot: Dovecot
 ) -> None:
