@@ -75,8 +75,9 @@ from gateway.providers.http import classify_operation
 
 EMAIL_TYPE = "email.message.send"
 _CRLF = b"\r\n"
-# CRLF line ends, and header lines up to RFC 5322's limit: no folding of the gateway's headers.
-SMTP_POLICY = SMTP.clone(max_line_length=998)
+# CRLF line ends, header lines up to RFC 5322's limit (no folding of the gateway's headers),
+# and 7-bit content (non-ASCII text is encoded), which every SMTP server accepts.
+SMTP_POLICY = SMTP.clone(max_line_length=998, cte_type="7bit")
 _QUEUE_ID = (
     re.compile(r"queued as\s+<?([^\s>]+)>?", re.IGNORECASE),  # Postfix, Sendmail
     re.compile(r"\bid=(\S+)", re.IGNORECASE),  # Exim
@@ -280,7 +281,7 @@ class SmtpAdapter:
             return CallResult(Outcome.REJECTED, f"the SMTP adapter does not serve {request.type!r}")
         message_id = self.message_id(request.idempotency_key)
         try:
-            message, to = self._message(request, message_id)
+            body, to = self._message(request, message_id)
         except (KeyError, ValueError, TypeError) as exc:
             return CallResult(
                 Outcome.REJECTED, f"the message cannot be built: {exc}: nothing was sent"
@@ -294,7 +295,7 @@ class SmtpAdapter:
             host=self.host, timeout=request.timeout, local_hostname=self.local_hostname
         )
         try:
-            result = self._send(smtp, message, recipients, message_id, request)
+            result = self._send(smtp, body, recipients, message_id, request)
             _quit(smtp)
         except _Stop as stop:
             result = stop.result
@@ -303,7 +304,8 @@ class SmtpAdapter:
         self._remember(request.idempotency_key, smtp)
         return result
 
-    def _message(self, request: ExecuteRequest, message_id: str) -> tuple[EmailMessage, str]:
+    def _message(self, request: ExecuteRequest, message_id: str) -> tuple[bytes, str]:
+        """The message as DATA content, and its recipient (ValueError on what cannot be sent)."""
         payload = request.payload
         to = _address(str(payload["to"]), "the payload's to")
         message = EmailMessage(policy=SMTP_POLICY)
@@ -316,7 +318,7 @@ class SmtpAdapter:
         message["X-Effect-Type"] = request.type
         message["X-Payload-Digest"] = request.payload_digest
         message.set_content(str(payload["body"]))
-        return message, to
+        return _body_bytes(message), to
 
     def _lookup_before_send(self, message_id: str, request: ExecuteRequest) -> CallResult | None:
         """The archive's word before a send: a copy already there is the earlier send's
@@ -350,14 +352,14 @@ class SmtpAdapter:
     def _send(
         self,
         smtp: _RecordingSMTP,
-        message: EmailMessage,
+        body: bytes,
         recipients: list[str],
         message_id: str,
         request: ExecuteRequest,
     ) -> CallResult:
         self._open(smtp)
         self._envelope(smtp, recipients)
-        answer = self._data(smtp, _body_bytes(message))
+        answer = self._data(smtp, body)
         operation = ProviderOperation(
             id=message_id,
             status="succeeded",

@@ -13,7 +13,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from email import message_from_bytes
+from email import message_from_bytes, policy
 from pathlib import Path
 
 import pytest
@@ -149,6 +149,24 @@ def test_a_sent_message_is_confirmed_and_held_once_by_the_server(
     assert headers["X-Payload-Digest"] == request.payload_digest
     assert headers["Subject"] == "Your order has shipped"
     assert "Bcc" not in headers
+
+
+def test_non_ascii_text_and_leading_dots_arrive_intact(
+    smtp: SmtpServer, handler: MailHandler
+) -> None:
+    request = command(subject="Ihre Bestellung ist unterwegs — Größe 42")
+    request = dataclasses.replace(request, payload={**request.payload, "body": "Grüße, Zoë ✓\n.\n"})
+    assert adapter(smtp.port).execute(request).outcome == Outcome.CONFIRMED
+
+    stored = message_from_bytes(handler.messages[0].content, policy=policy.default)
+    assert stored["Subject"] == "Ihre Bestellung ist unterwegs — Größe 42"
+    assert stored.get_content().replace("\r\n", "\n") == "Grüße, Zoë ✓\n.\n"
+    assert handler.messages[0].content.isascii()
+
+    dots = dataclasses.replace(request, payload={**request.payload, "body": "a\n.\n..b\n"})
+    assert adapter(smtp.port).execute(dots).outcome == Outcome.CONFIRMED
+    stored = message_from_bytes(handler.messages[1].content, policy=policy.default)
+    assert stored.get_content().replace("\r\n", "\n") == "a\n.\n..b\n"  # dot-stuffed, unstuffed
 
 
 def test_the_message_id_is_derived_from_the_key_alone() -> None:
