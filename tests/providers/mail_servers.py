@@ -19,6 +19,7 @@ import ipaddress
 import os
 import pwd
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -275,7 +276,10 @@ class Dovecot:
         config = self._configure()
         log = open(self.root / "dovecot.stderr", "wb")  # closed in __exit__
         self._stderr = log
-        self.process = subprocess.Popen([DOVECOT, "-F", "-c", str(config)], stderr=log)
+        # Its own process group: the master and every process it forks stop together.
+        self.process = subprocess.Popen(
+            [DOVECOT, "-F", "-c", str(config)], stderr=log, start_new_session=True
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -290,13 +294,16 @@ class Dovecot:
         raise RuntimeError(f"dovecot did not answer on port {self.port}: {self.log()}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            group = self.process.pid
+            if self.process.poll() is None:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            _stop_group(group)
         self._stderr.close()
 
     def log(self) -> str:
@@ -309,6 +316,19 @@ class Dovecot:
 
     def copies(self) -> int:
         return sum(1 for sub in ("new", "cur") for _ in (self.maildir / sub).iterdir())
+
+
+def _stop_group(group: int) -> None:
+    """Wait for the master's children (login, auth, imap) to leave its process group; those
+    still there after 5 s are killed."""
+    deadline = time.monotonic() + 5
+    try:
+        while time.monotonic() < deadline:
+            os.killpg(group, 0)
+            time.sleep(0.05)
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 _DOVECOT_CONF = """\
