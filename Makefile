@@ -42,6 +42,8 @@ PYTEST_SUITE = $(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(P
 # The docs site (mkdocs.yml): where `make docs` builds it, and where `make docs-serve` listens.
 DOCS_SITE_DIR ?= build/site
 DOCS_ADDR ?= 127.0.0.1:8001
+# Where `make dist` writes the clients' release files.
+DIST_DIR ?= dist
 # Material for MkDocs prints a banner about MkDocs 2.0 on every build; it is not about this site.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
 # axe-core (npm registry, pinned in tests/console/package-lock.json) for the console's
@@ -49,7 +51,7 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
 AXE_INSTALL := if command -v npm >/dev/null; then (cd tests/console && npm ci --no-audit --no-fund --loglevel=error); \
 	else echo "note: npm is missing: the console's axe-core checks skip"; fi
 
-.PHONY: help install browser test pytest test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema docs docs-serve screenshots
+.PHONY: help install browser test pytest test-slow lint fmt typecheck lint-imports demo bench clean clients-test clients-schema docs docs-serve screenshots dist
 
 help: ## List the targets
 	@echo "Effect Gateway. Usage: make <target>"
@@ -66,17 +68,23 @@ $(STAMP): pyproject.toml
 	@bash scripts/install.sh $(VENV) 2>&1 | $(PIP_FILTER)
 	@touch $@
 
-browser: ## Install Debian's chromium for the browser tests when missing (root only)
-	@if [ -x /usr/bin/chromium ]; then \
+browser: ## Install the Debian packages the tests use when missing: chromium, dovecot-imapd (root only)
+	@# chromium: the console's browser tests; dovecot-imapd: the IMAP archive the email
+	@# adapter's tests run as a child process. Both skip, saying why, where missing.
+	@missing=""; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/sbin/dovecot ] || missing="$$missing dovecot-imapd"; \
+	if [ -z "$$missing" ]; then \
 		: already installed; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "==> installing Debian's chromium for the browser tests"; \
+		echo "==> installing Debian's$$missing for the tests"; \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq && apt-get install -y -qq chromium >/dev/null \
-			|| { echo "error: apt-get install chromium failed" >&2; exit 1; }; \
+		apt-get update -qq && apt-get install -y -qq $$missing >/dev/null \
+			|| { echo "error: apt-get install$$missing failed" >&2; exit 1; }; \
+		if command -v systemctl >/dev/null; then systemctl disable --now dovecot >/dev/null 2>&1 || true; fi; \
 	else \
-		echo "note: /usr/bin/chromium is missing and installing it needs root and apt-get;"; \
-		echo "      the browser tests need it: sudo apt-get install chromium"; \
+		echo "note: missing$$missing; installing needs root and apt-get:"; \
+		echo "      sudo apt-get install$$missing (the tests that need them skip)"; \
 	fi
 
 test: install browser ## Lint, format, types, import boundaries, the clients, pytest (migrations current too)
@@ -99,6 +107,10 @@ test-slow: install ## The slow tier only: the fault run (tests/slow/), on the ru
 
 clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests
 	$(CLIENTS_TEST)
+
+dist: install ## Build the clients' release files into dist/ (DIST_DIR): Python wheel and sdist, npm tarball
+	@rm -rf "$(DIST_DIR)"
+	PY=$(PY) bash scripts/dist.sh "$(DIST_DIR)"
 
 clients-schema: install ## Regenerate clients/typescript/openapi.json and its TypeScript types
 	$(PY) manage.py spectacular --format openapi-json --file clients/typescript/openapi.json
@@ -151,8 +163,8 @@ clean: ## Remove what the build made: virtualenvs, node_modules, var/ (the demo'
 			echo "rm -rf $$copy"; rm -rf -- "$$copy"; \
 		fi; \
 	done
-	rm -rf $(VENV) .venv-clients/ var/ staticfiles/ build/ site/ ./*.egg-info \
-		tests/console/node_modules/ tests/providers/stripe_server/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ \
+	rm -rf $(VENV) .venv-clients/ var/ staticfiles/ build/ site/ dist/ ./*.egg-info \
+		tests/console/node_modules/ tests/providers/stripe_server/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ clients/typescript/dist-test/ \
 		clients/python/build/ \
 		clients/python/src/*.egg-info .pytest_cache/ .ruff_cache/ .mypy_cache/ \
 		.import_linter_cache/ .hypothesis/ $(EG_CACHE_DIR)

@@ -139,18 +139,15 @@ def test_hook_and_webhook_examples(env, sandbox):
 
 
 def test_typescript_example(env, sandbox, eager_tasks, tmp_path):
-    from tests.integrations.test_typescript_client import build
+    from tests.support.typescript import installed_project
 
-    build()
+    # As the guide says: the package installed from its tarball, imported by its name.
+    app = installed_project(tmp_path)
     _, code = examples()["typescript"]
-    script = ROOT / f".example-{os.getpid()}.mjs"
-    script.write_text(code)
-    try:
-        result = subprocess.run(
-            ["node", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-        )
-    finally:
-        script.unlink()
+    (app / "example.mjs").write_text(code)
+    result = subprocess.run(
+        ["node", "example.mjs"], cwd=app, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "CONFIRMED new" in result.stdout
 

@@ -5,37 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from gateway.models import Command
+from tests.support.typescript import PACKAGE, build_tests
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "typescript"
-
-
-def build() -> None:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js is not installed")
-    if not (PACKAGE / "node_modules" / ".bin" / "tsc").exists():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"],
-            cwd=PACKAGE,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    for config in ("tsconfig.json", "tsconfig.test.json"):  # the package, then its tests
-        subprocess.run(
-            [str(PACKAGE / "node_modules" / ".bin" / "tsc"), "-p", config],
-            cwd=PACKAGE,
-            check=True,
-            timeout=300,
-        )
 
 
 def test_the_generated_types_come_from_the_current_schema(client):
@@ -48,8 +25,10 @@ def test_the_generated_types_come_from_the_current_schema(client):
     assert '"ticket.create"' in generated and "CommandBillingRefundCreate" in generated
 
 
-def test_the_typescript_client_against_a_live_gateway(gateway_url, agent, sandbox, eager_tasks):
-    build()
+def test_the_typescript_client_against_a_live_gateway(
+    gateway_url, agent, sandbox, eager_tasks, tmp_path
+):
+    tests = build_tests(tmp_path / "out")
     env = {
         **os.environ,
         "GATEWAY_URL": gateway_url,
@@ -57,7 +36,7 @@ def test_the_typescript_client_against_a_live_gateway(gateway_url, agent, sandbo
         "TS_RUN_ID": "ts-pytest",
     }
     result = subprocess.run(
-        ["node", "--test", "dist-test/test/"],
+        ["node", "--test", str(tests)],
         cwd=PACKAGE,
         env=env,
         capture_output=True,

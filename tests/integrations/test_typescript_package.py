@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gateway.models import Command
-from tests.integrations.test_typescript_client import PACKAGE, build
+from tests.support.typescript import TSC, installed_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,15 +63,7 @@ def run(argv: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """An empty npm project with the packed tarball installed, as a user's would be."""
-    build()
-    packed = run(["npm", "pack", "--json", "--pack-destination", str(tmp_path)], PACKAGE)
-    tarball = tmp_path / json.loads(packed.stdout)[0]["filename"]
-    shutil.rmtree(PACKAGE / "dist-test", ignore_errors=True)
-    app = tmp_path / "app"
-    app.mkdir()
-    (app / "package.json").write_text(json.dumps({"name": "app", "private": True}))
-    run(["npm", "install", "--no-audit", "--no-fund", "--offline", str(tarball)], app)
-    return app
+    return installed_project(tmp_path)
 
 
 def test_the_packed_package_imports_by_name_and_submits(project, gateway_url, agent, sandbox,
@@ -86,7 +77,7 @@ def test_the_packed_package_imports_by_name_and_submits(project, gateway_url, ag
     out = run(["node", "plain.mjs"], project, env={**env, "RUN_ID": "mjs"})
     assert out.stdout.strip() == "mjs CONFIRMED"
 
-    tsc = str(PACKAGE / "node_modules" / ".bin" / "tsc")
+    tsc = str(TSC)
     (project / "typed.mts").write_text(TYPED)
     for name, options in TSCONFIGS.items():
         config = {
@@ -112,7 +103,7 @@ def test_the_packed_package_imports_by_name_and_submits(project, gateway_url, ag
 
 
 def test_a_typed_command_with_a_wrong_field_does_not_compile(project):
-    tsc = str(PACKAGE / "node_modules" / ".bin" / "tsc")
+    tsc = str(TSC)
     wrong = TYPED.replace('priority: "P3"', 'priority: "P3", amount: 5')
     (project / "wrong.mts").write_text(wrong)
     config = {
