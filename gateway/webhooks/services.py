@@ -42,6 +42,8 @@ S = EffectStatus
 M = MessageState
 # Not imported from gateway.services: the ledger imports this module to write the outbox.
 OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+# Who may register endpoints: operators and admins for the tenant, an agent for itself.
+MANAGER_ROLES = OPERATOR_ROLES | {Role.AGENT}
 
 
 def user_agent() -> str:
@@ -77,8 +79,10 @@ def _backoff(attempt: int) -> timedelta:
 # --- endpoints --------------------------------------------------------------------------------
 
 
-def _require_operator(principal: Principal) -> None:
-    if principal.role not in OPERATOR_ROLES:
+def _require_manager(principal: Principal) -> None:
+    """Operators and admins manage the tenant's endpoints; an agent its own (the selectors
+    show it no other)."""
+    if principal.role not in MANAGER_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot manage webhooks.")
     if principal.frozen:
         raise NotPermitted(f"Principal {principal.name} is frozen.")
@@ -143,11 +147,19 @@ def endpoint_create(
     """Register a receiver for the principal's tenant; answers it and its secret (shown once).
 
     ``principals`` and ``run_ids`` narrow it to the effects those principals requested, or
-    whose ``context.run_id`` is one of those (empty: all), so an agent hears of its own only.
+    whose ``context.run_id`` is one of those (empty: all). An agent's endpoint is its own
+    (``owner``): it hears of the effects the agent requested or waits on, nothing else, so an
+    agent gives no ``principals``.
     """
-    _require_operator(principal)
+    _require_manager(principal)
+    own = principal.role == Role.AGENT
     chosen = list(dict.fromkeys(event_types)) if event_types else list(EventType.values)
     errors: dict[str, list[str]] = {}
+    if own and principals:
+        errors["principals"] = [
+            "an agent's endpoint hears of the effects that agent requested or waits on; "
+            "leave principals out"
+        ]
     if url_errors := _validate_url(url):
         errors["url"] = url_errors
     unknown = sorted(set(chosen) - set(EventType.values))
@@ -165,6 +177,7 @@ def endpoint_create(
         event_types=chosen,
         principals=list(dict.fromkeys(principals or [])),
         run_ids=list(dict.fromkeys(run_ids or [])),
+        owner=principal if own else None,
         created_by=principal.label,
         created_at=now,
         updated_at=now,
@@ -180,7 +193,7 @@ def endpoint_set_enabled(
     *, endpoint: WebhookEndpoint, principal: Principal, enabled: bool, reason: str = ""
 ) -> WebhookEndpoint:
     """Enable (pending messages are then sent again by the sweeper) or disable an endpoint."""
-    _require_operator(principal)
+    _require_manager(principal)
     now = timezone.now()
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
         enabled=enabled,
@@ -194,6 +207,27 @@ def endpoint_set_enabled(
         )
     endpoint.refresh_from_db()
     return endpoint
+
+
+def endpoint_delete(*, endpoint: WebhookEndpoint, principal: Principal) -> None:
+    """Delete an endpoint: it is no longer listed or sent to, and its pending messages are
+    given up (``failed``); the messages it had stay readable in the admin as evidence."""
+    _require_manager(principal)
+    now = timezone.now()
+    with transaction.atomic():
+        WebhookEndpoint.objects.filter(pk=endpoint.pk, deleted_at__isnull=True).update(
+            enabled=False,
+            disabled_reason=f"deleted by {principal.label}",
+            deleted_at=now,
+            updated_at=now,
+        )
+        WebhookMessage.objects.filter(endpoint=endpoint, state=M.PENDING).update(
+            state=M.FAILED, next_attempt_at=None, last_error="the endpoint was deleted"
+        )
+    logger.info(
+        "webhook endpoint deleted",
+        extra={"webhook_endpoint": endpoint.pk, "actor": principal.label},
+    )
 
 
 def endpoint_secret(endpoint: WebhookEndpoint) -> str:
