@@ -475,3 +475,48 @@ def test_private_receivers_are_refused_unless_a_deployment_allows_them():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_waiter_recorded_during_a_status_change_waits_for_it_to_commit(
+    agent, other_agent, approver, refund_body
+):
+    """The waiter's insert takes FOR SHARE on the effect: while a change holds the row (its
+    outbox rows already written without the new waiter), the insert waits, so the waiting
+    thread reads the new status next instead of interrupting on the old one."""
+    import threading
+
+    from gateway.webhooks.services import waiter_record
+
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    effect_id = agent.submit({**big, "context": {"thread_id": "t-a"}}, "locked").json()["effect_id"]
+    effect = Effect.objects.select_related("command").get(pk=effect_id)
+    done = threading.Event()
+    answers: list[bool] = []
+
+    def record() -> None:
+        from django.db import connection
+
+        try:
+            answers.append(
+                waiter_record(effect, principal=other_agent.principal, context={"thread_id": "t-b"})
+            )
+        finally:
+            connection.close()
+            done.set()
+
+    with transaction.atomic():
+        services.effect_reject(effect=effect, principal=approver.principal, reason="no")
+        worker = threading.Thread(target=record)
+        worker.start()
+        assert not done.wait(0.5), "the waiter was recorded while the change was in flight"
+    assert done.wait(10)
+    worker.join()
+    assert answers == [True]
+    assert Effect.objects.get(pk=effect_id).status == "REJECTED"
+    # A second record of the same thread is no new waiter; the submitter's own thread is none.
+    assert (
+        waiter_record(effect, principal=other_agent.principal, context={"thread_id": "t-b"})
+        is False
+    )
+    assert waiter_record(effect, principal=agent.principal, context={"thread_id": "t-a"}) is False
+    assert waiter_record(effect, principal=agent.principal, context={"thread_id": 7}) is False
