@@ -165,7 +165,7 @@ def command_submit(
     Same key + another digest raises IdempotencyKeyMismatch. Nothing is written otherwise,
     except what a ``hooks.command_replayed`` listener records of a replay (a new waiter).
     """
-    submission = _command_submit(
+    submitted = _command_submit(
         principal=principal,
         idempotency_key=idempotency_key,
         type=type,
@@ -178,10 +178,10 @@ def command_submit(
         saga_id=saga_id,
         saga_step=saga_step,
     )
-    if not submission.created:
+    if not submitted.created:
         for listener in hooks.command_replayed:
-            listener(submission.effect, principal=principal, context=context)
-    return submission
+            listener(submitted.effect, principal=principal, context=context)
+    return submitted
 
 
 def _command_submit(
