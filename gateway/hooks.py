@@ -15,6 +15,9 @@ signals: ``grep after_transition`` finds every listener, and the types say what 
 - ``effect_created(effect)``: inside the transaction that submits a new command, once its
   effect row and first event exist (the outbox announces an effect that waits for approval:
   an agent waits on that state although no transition led to it).
+- ``command_replayed(effect, principal=, context=)``: after a submission answered with the
+  effect its key already names (a replay), outside any transaction (the webhooks app records
+  a LangGraph thread that waits on an effect another thread submitted).
 - ``dispatch_holds``: what keeps an effect from being sent although it is dispatchable (its
   saga is frozen). ``holds(effect)`` is asked by the claim; ``exclude(query)`` narrows the
   dispatch sweep, so that held effects are not re-enqueued every sweep for nothing; a hold
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from gateway.models import Effect
+    from gateway.models import Effect, Principal
 
 
 class AfterTransition(Protocol):
@@ -51,6 +54,10 @@ class AfterTransition(Protocol):
 
 class EffectCreated(Protocol):
     def __call__(self, effect: Effect) -> None: ...
+
+
+class CommandReplayed(Protocol):
+    def __call__(self, effect: Effect, *, principal: Principal, context: Any) -> None: ...
 
 
 class MismatchFound(Protocol):
@@ -153,6 +160,7 @@ class Probe:
 
 after_transition: Registry[AfterTransition] = Registry("after_transition")
 effect_created: Registry[EffectCreated] = Registry("effect_created")
+command_replayed: Registry[CommandReplayed] = Registry("command_replayed")
 dispatch_holds: Registry[DispatchHold] = Registry("dispatch_holds")
 mismatch_found: Registry[MismatchFound] = Registry("mismatch_found")
 dispatch_sender = Sender("dispatch_sender")

@@ -102,8 +102,42 @@ def command_submit(
 
     Same key + same digest returns the existing effect (``created=False``), however many
     callers race: they collide on the (tenant, key) unique index, not on a prior SELECT.
-    Same key + another digest raises IdempotencyKeyMismatch. Nothing is written otherwise.
+    Same key + another digest raises IdempotencyKeyMismatch. Nothing is written otherwise,
+    except what a ``hooks.command_replayed`` listener records of a replay (a new waiter).
     """
+    submitted = _command_submit(
+        principal=principal,
+        idempotency_key=idempotency_key,
+        type=type,
+        resource=resource,
+        payload=payload,
+        intent=intent,
+        context=context,
+        expires_in=expires_in,
+        compensates=compensates,
+        saga_id=saga_id,
+        saga_step=saga_step,
+    )
+    if not submitted.created:
+        for listener in hooks.command_replayed:
+            listener(submitted.effect, principal=principal, context=context)
+    return submitted
+
+
+def _command_submit(
+    *,
+    principal: Principal,
+    idempotency_key: str,
+    type: Any,
+    resource: Any,
+    payload: Any,
+    intent: Any,
+    context: Any,
+    expires_in: Any,
+    compensates: Command | None,
+    saga_id: str | None,
+    saga_step: str,
+) -> Submission:
     ledger.validate_idempotency_key(idempotency_key, what="command")
     contract = get_contract(type) if isinstance(type, str) else None
     resource, payload = submission.without_nulls(resource), submission.without_nulls(payload)

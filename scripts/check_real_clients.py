@@ -402,6 +402,33 @@ def langgraph_cancel(agent: GatewayClient, operator: GatewayClient, agent_name: 
     return f"{effect_id} CANCELLED resumed the thread; {ignored} other deliveries ignored"
 
 
+@check("LangGraph: three threads waiting on one effect are all resumed")
+def langgraph_three_threads(agent: GatewayClient, operator: GatewayClient, agent_name: str) -> str:
+    from effect_gateway_client.langgraph import resume_threads
+
+    receiver = Receiver()
+    secret = register(operator, receiver, principals=[agent_name])
+    graph = refund_graph(agent)
+    order = f"ord_three_{RUN}"
+    threads = [f"three-{n}-{RUN}" for n in range(3)]
+    started = [
+        graph.invoke({"order_id": order, "amount": 25_000}, {"configurable": {"thread_id": t}})
+        for t in threads
+    ]
+    (effect_id,) = {state["__interrupt__"][0].value["effect_id"] for state in started}
+    agent.cancel(effect_id, reason="one refund was enough")
+    resumed: dict[str, dict] = {}
+    deadline = time.monotonic() + 60
+    while len(resumed) < len(threads) and time.monotonic() < deadline:
+        body, headers = receiver.arrived.get(timeout=max(deadline - time.monotonic(), 0.1))
+        states = resume_threads(graph, body, headers, secret)  # awaiting_approval: re-interrupts
+        resumed.update({t: state for t, state in states.items() if "__interrupt__" not in state})
+    assert sorted(resumed) == sorted(threads), resumed
+    assert all(state["refund"]["status"] == "CANCELLED" for state in resumed.values()), resumed
+    assert provider_operations(f"billing.refund.create:{order}:check-{RUN}") == []
+    return f"{effect_id} CANCELLED resumed {len(resumed)} threads"
+
+
 @check("Webhooks: every waited-on state announced, signed, filtered, User-Agent")
 def webhook_coverage(
     agent: GatewayClient, operator: GatewayClient, approver: GatewayClient, agent_name: str
@@ -530,6 +557,7 @@ def main() -> int:
         mcp_http(agent_token)
         langgraph_two_threads(agent)
         langgraph_cancel(agent, operator, agent_name)
+        langgraph_three_threads(agent, operator, agent_name)
         webhook_coverage(agent, operator, approver, agent_name)
     finally:
         unregister(operator)

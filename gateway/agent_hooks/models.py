@@ -73,6 +73,14 @@ class ToolCallOutcome(models.Model):
                 name="tool_call_outcome_once",
             )
         ]
+        indexes = [
+            # An effect's page and GET /api/v1/effects/{id}/tool-uses.
+            models.Index(
+                fields=["tenant", "effect_id"],
+                name="tool_call_outcome_effect",
+                condition=~models.Q(effect_id=""),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool_name}:{self.tool_use_id}"

@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gateway import selectors
+from gateway.agent_hooks.models import ToolCallOutcome
 from gateway.choices import EffectStatus
 from gateway.contracts import get_contract
 from gateway.integrity import ShownPayload, payload_to_show
@@ -310,6 +311,28 @@ class EffectEventSerializer(serializers.ModelSerializer):
             "reason",
             "data",
             "created_at",
+        ]
+
+
+class ToolUseSerializer(serializers.ModelSerializer):
+    """A PostToolUse record that names the effect: the Claude Code session and tool call that
+    returned it, and the effect's status when the hook ran."""
+
+    principal = serializers.CharField(source="principal.name")
+    status = serializers.CharField(help_text="The effect's status when the hook ran.")
+
+    class Meta:
+        model = ToolCallOutcome
+        fields = [
+            "id",
+            "effect_id",
+            "session_id",
+            "tool_use_id",
+            "tool_name",
+            "principal",
+            "status",
+            "failed",
+            "recorded_at",
         ]
 
 

@@ -21,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gateway import capabilities, fastpath, moves, selectors, services
+from gateway.agent_hooks import selectors as agent_hooks_selectors
 from gateway.api.auth import principal_of
 from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import (
@@ -31,6 +32,7 @@ from gateway.api.serializers import (
     EffectEventSerializer,
     EffectSerializer,
     ReasonSerializer,
+    ToolUseSerializer,
 )
 from gateway.api.waits import wait_slot
 from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, SETTLED, EffectStatus
@@ -198,6 +200,17 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         effect = self.get_object()
         events = selectors.effect_events(effect)
         return Response(EffectEventSerializer(events, many=True).data)
+
+    @extend_schema(
+        responses=ToolUseSerializer(many=True),
+        description="The Claude Code tool calls that returned this effect (PostToolUse "
+        "records): session, tool-use id, when, and the effect's status then.",
+    )
+    @action(detail=True, methods=["get"], url_path="tool-uses", pagination_class=None)
+    def tool_uses(self, request, pk=None):
+        effect = self.get_object()
+        uses = agent_hooks_selectors.effect_tool_uses(effect)
+        return Response(ToolUseSerializer(uses, many=True).data)
 
     @extend_schema(request=ApproveSerializer, responses=EffectSerializer)
     @action(detail=True, methods=["post"])

@@ -7,11 +7,19 @@ from gateway.webhooks.models import WebhookEndpoint, WebhookMessage
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
-    list_display = ("id", "tenant", "url", "enabled", "disabled_reason", "created_at")
+    list_display = ("id", "tenant", "owner", "url", "enabled", "disabled_reason", "created_at")
     list_filter = ("enabled",)
     search_fields = ("id", "url")
     exclude = ("secret_sealed",)
-    readonly_fields = ("id", "tenant", "created_by", "created_at", "updated_at")
+    readonly_fields = (
+        "id",
+        "tenant",
+        "owner",
+        "created_by",
+        "created_at",
+        "updated_at",
+        "deleted_at",
+    )
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False

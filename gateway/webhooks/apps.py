@@ -25,6 +25,14 @@ def announce_creation(effect) -> None:
         outbox_record(effect, to_status=effect.status)
 
 
+def record_waiter(effect, *, principal, context) -> None:
+    """``hooks.command_replayed`` listener: a LangGraph thread that replayed another thread's
+    command waits on its effect too, and is named in the effect's announcements."""
+    from gateway.webhooks.services import waiter_record
+
+    waiter_record(effect, principal=principal, context=context)
+
+
 class WebhooksConfig(AppConfig):
     """Outgoing webhooks: signed notices of effect changes, from an outbox, at least once."""
 
@@ -37,3 +45,4 @@ class WebhooksConfig(AppConfig):
 
         hooks.after_transition.register(announce_transition)
         hooks.effect_created.register(announce_creation)
+        hooks.command_replayed.register(record_waiter)

@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from gateway.lib.ids import new_id
-from gateway.models import Tenant
+from gateway.models import Effect, Principal, Tenant
 from gateway.webhooks.choices import EventType, MessageState
 
 
@@ -32,8 +32,15 @@ class WebhookEndpoint(models.Model):
     # Filters (empty: everything): the requesting principals' names, the context.run_id values.
     principals = models.JSONField(default=list, blank=True)
     run_ids = models.JSONField(default=list, blank=True)
+    # An agent's own endpoint: it hears of the effects that agent requested or waits on, and
+    # only that agent (or an operator) manages it. None: a tenant-wide endpoint (operators).
+    owner = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
+    # Set when it is deleted: it is then no longer listed nor sent to; its messages stay.
+    deleted_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=200)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -47,8 +54,21 @@ class WebhookEndpoint(models.Model):
     def subscribes_to(self, event_type: str) -> bool:
         return event_type in self.event_types
 
-    def wants(self, *, principal: str, run_id: str | None) -> bool:
-        """Whether the effects of ``principal`` with this ``context.run_id`` pass the filters."""
+    def wants(
+        self,
+        *,
+        principal: str,
+        run_id: str | None,
+        requester_id: int | None = None,
+        waiter_ids: frozenset[int] = frozenset(),
+    ) -> bool:
+        """Whether the effects of ``principal`` with this ``context.run_id`` pass the filters;
+        an agent's own endpoint also needs the effect to be that agent's request
+        (``requester_id``) or to have it among its waiters (``waiter_ids``)."""
+        if self.owner_id is not None and (
+            self.owner_id != requester_id and self.owner_id not in waiter_ids
+        ):
+            return False
         if self.principals and principal not in self.principals:
             return False
         return not self.run_ids or run_id in self.run_ids
@@ -97,3 +117,25 @@ class WebhookMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.event_type} {self.state}"
+
+
+class EffectWaiter(models.Model):
+    """A LangGraph thread (``context.thread_id``) that submitted an effect's command after its
+    first submitter did, and got the same effect back: it waits on that effect too, and every
+    announcement of the effect names it (``data.thread_ids``). The first submitter's thread is
+    the command's own ``context.thread_id`` and has no row."""
+
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="+")
+    principal = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="+")
+    thread_id = models.CharField(max_length=200)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["effect", "principal", "thread_id"], name="effect_waiter_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} {self.thread_id}"

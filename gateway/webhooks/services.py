@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gateway.choices import EffectStatus, Role
@@ -34,7 +34,7 @@ from gateway.lib.vault import open_json, seal_json
 from gateway.models import Effect, EffectEvent, Principal
 from gateway.webhooks import signing
 from gateway.webhooks.choices import EVENT_FOR_STATUS, EventType, MessageState
-from gateway.webhooks.models import WebhookEndpoint, WebhookMessage
+from gateway.webhooks.models import EffectWaiter, WebhookEndpoint, WebhookMessage
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ S = EffectStatus
 M = MessageState
 # Not imported from gateway.services: the ledger imports this module to write the outbox.
 OPERATOR_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+# Who may register endpoints: operators and admins for the tenant, an agent for itself.
+MANAGER_ROLES = OPERATOR_ROLES | {Role.AGENT}
 
 
 def user_agent() -> str:
@@ -77,8 +79,10 @@ def _backoff(attempt: int) -> timedelta:
 # --- endpoints --------------------------------------------------------------------------------
 
 
-def _require_operator(principal: Principal) -> None:
-    if principal.role not in OPERATOR_ROLES:
+def _require_manager(principal: Principal) -> None:
+    """Operators and admins manage the tenant's endpoints; an agent its own (the selectors
+    show it no other)."""
+    if principal.role not in MANAGER_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot manage webhooks.")
     if principal.frozen:
         raise NotPermitted(f"Principal {principal.name} is frozen.")
@@ -143,11 +147,19 @@ def endpoint_create(
     """Register a receiver for the principal's tenant; answers it and its secret (shown once).
 
     ``principals`` and ``run_ids`` narrow it to the effects those principals requested, or
-    whose ``context.run_id`` is one of those (empty: all), so an agent hears of its own only.
+    whose ``context.run_id`` is one of those (empty: all). An agent's endpoint is its own
+    (``owner``): it hears of the effects the agent requested or waits on, nothing else, so an
+    agent gives no ``principals``.
     """
-    _require_operator(principal)
+    _require_manager(principal)
+    own = principal.role == Role.AGENT
     chosen = list(dict.fromkeys(event_types)) if event_types else list(EventType.values)
     errors: dict[str, list[str]] = {}
+    if own and principals:
+        errors["principals"] = [
+            "an agent's endpoint hears of the effects that agent requested or waits on; "
+            "leave principals out"
+        ]
     if url_errors := _validate_url(url):
         errors["url"] = url_errors
     unknown = sorted(set(chosen) - set(EventType.values))
@@ -165,6 +177,7 @@ def endpoint_create(
         event_types=chosen,
         principals=list(dict.fromkeys(principals or [])),
         run_ids=list(dict.fromkeys(run_ids or [])),
+        owner=principal if own else None,
         created_by=principal.label,
         created_at=now,
         updated_at=now,
@@ -180,7 +193,7 @@ def endpoint_set_enabled(
     *, endpoint: WebhookEndpoint, principal: Principal, enabled: bool, reason: str = ""
 ) -> WebhookEndpoint:
     """Enable (pending messages are then sent again by the sweeper) or disable an endpoint."""
-    _require_operator(principal)
+    _require_manager(principal)
     now = timezone.now()
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
         enabled=enabled,
@@ -196,8 +209,93 @@ def endpoint_set_enabled(
     return endpoint
 
 
+def endpoint_delete(*, endpoint: WebhookEndpoint, principal: Principal) -> None:
+    """Delete an endpoint: it is no longer listed or sent to, and its pending messages are
+    given up (``failed``); the messages it had stay readable in the admin as evidence."""
+    _require_manager(principal)
+    now = timezone.now()
+    with transaction.atomic():
+        WebhookEndpoint.objects.filter(pk=endpoint.pk, deleted_at__isnull=True).update(
+            enabled=False,
+            disabled_reason=f"deleted by {principal.label}",
+            deleted_at=now,
+            updated_at=now,
+        )
+        WebhookMessage.objects.filter(endpoint=endpoint, state=M.PENDING).update(
+            state=M.FAILED, next_attempt_at=None, last_error="the endpoint was deleted"
+        )
+    logger.info(
+        "webhook endpoint deleted",
+        extra={"webhook_endpoint": endpoint.pk, "actor": principal.label},
+    )
+
+
 def endpoint_secret(endpoint: WebhookEndpoint) -> str:
     return open_json(endpoint.secret_sealed)
+
+
+# --- waiters ----------------------------------------------------------------------------------
+
+# One statement, autocommit. ``FOR SHARE`` waits for a status change of the effect that is in
+# flight (its transaction holds the row): that change's outbox rows were written before this
+# waiter existed, so the caller must see the new status when it reads the effect next, and
+# does, because the insert returns only once that change has committed.
+_WAITER_INSERT = """
+INSERT INTO {waiter} (effect_id, principal_id, thread_id, created_at)
+SELECT e.effect_id, %(principal)s, %(thread)s, %(now)s FROM {effect} e
+WHERE e.effect_id = %(effect)s AND e.tenant_id = %(tenant)s FOR SHARE
+ON CONFLICT DO NOTHING
+"""
+
+
+def waiter_thread(context: Any) -> str | None:
+    """The LangGraph thread a submission's context names, if it names one."""
+    thread_id = context.get("thread_id") if isinstance(context, dict) else None
+    if isinstance(thread_id, str) and 0 < len(thread_id) <= 200:
+        return thread_id
+    return None
+
+
+def waiter_record(effect: Effect, *, principal: Principal, context: Any) -> bool:
+    """``hooks.command_replayed`` listener: the thread of a replay waits on the effect too.
+
+    Nothing is written when the context names no thread, or names the thread (and principal)
+    that submitted the command first: that one is the command's own ``context.thread_id``.
+    Answers whether a new waiter was recorded."""
+    thread_id = waiter_thread(context)
+    if thread_id is None:
+        return False
+    command = effect.command
+    if thread_id == waiter_thread(command.context) and principal.pk == command.requested_by_id:
+        return False
+    sql = _WAITER_INSERT.format(waiter=EffectWaiter._meta.db_table, effect=Effect._meta.db_table)
+    params = {
+        "principal": principal.pk,
+        "thread": thread_id,
+        "now": timezone.now(),
+        "effect": effect.pk,
+        "tenant": principal.tenant_id,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def effect_waiters(effect: Effect) -> list[tuple[str, int]]:
+    """Every thread that waits on ``effect``, with its principal's id: the submitter's first
+    (its ``context.thread_id``, if any), then the others in the order they came."""
+    command = effect.command
+    waiters: list[tuple[str, int]] = []
+    first = waiter_thread(command.context)
+    if first is not None:
+        waiters.append((first, command.requested_by_id))
+    rows = (
+        EffectWaiter.objects.filter(effect_id=effect.pk)
+        .order_by("id")
+        .values_list("thread_id", "principal_id")
+    )
+    waiters.extend((thread, principal_id) for thread, principal_id in rows)
+    return waiters
 
 
 # --- the outbox -------------------------------------------------------------------------------
@@ -222,14 +320,12 @@ def approval_url(effect_id: str) -> str:
     return f"{base}/effects/{effect_id}"
 
 
-def _listeners(
-    tenant_id: Any, candidates: list[str], *, principal: str, run_id: str | None
-) -> list[WebhookEndpoint]:
+def _subscribed(tenant_id: Any, candidates: list[str]) -> list[WebhookEndpoint]:
+    """The tenant's enabled endpoints that subscribe to one of ``candidates`` (one query)."""
     return [
         endpoint
         for endpoint in WebhookEndpoint.objects.filter(tenant_id=tenant_id, enabled=True)
-        if endpoint.wants(principal=principal, run_id=run_id)
-        and any(endpoint.subscribes_to(event) for event in candidates)
+        if any(endpoint.subscribes_to(event) for event in candidates)
     ]
 
 
@@ -270,14 +366,24 @@ def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
     if not candidates:
         return []
     command = effect.command
-    endpoints = _listeners(
-        effect.tenant_id,
-        candidates,
-        principal=command.requested_by.name,
-        run_id=(command.context or {}).get("run_id"),
-    )
+    endpoints = _subscribed(effect.tenant_id, candidates)
     if not endpoints:
         return []
+    waiters = effect_waiters(effect)
+    waiter_ids = frozenset(principal_id for _, principal_id in waiters)
+    endpoints = [
+        endpoint
+        for endpoint in endpoints
+        if endpoint.wants(
+            principal=command.requested_by.name,
+            run_id=(command.context or {}).get("run_id"),
+            requester_id=command.requested_by_id,
+            waiter_ids=waiter_ids,
+        )
+    ]
+    if not endpoints:
+        return []
+    thread_ids = list(dict.fromkeys(thread for thread, _ in waiters))
     # The event the transition appended just before calling us (same transaction).
     change = (
         EffectEvent.objects.filter(effect_id=effect.pk, to_status=to_status)
@@ -294,16 +400,21 @@ def outbox_record(effect: Effect, *, to_status: str) -> list[WebhookMessage]:
     now = timezone.now()
     return _enqueue(
         endpoints,
-        [(event, _payload(effect, event, to_status, change, now)) for event in events],
+        [(event, _payload(effect, event, to_status, change, now, thread_ids)) for event in events],
         effect_id=effect.pk,
     )
 
 
 def _payload(
-    effect: Effect, event: str, to_status: str, change: Mapping[str, Any], now
+    effect: Effect,
+    event: str,
+    to_status: str,
+    change: Mapping[str, Any],
+    now,
+    thread_ids: list[str],
 ) -> dict[str, Any]:
     """Standard Webhooks body: type, timestamp, data. Ids, statuses and correlation only —
-    never the command's payload."""
+    never the command's payload. ``thread_ids``: every LangGraph thread waiting on it."""
     command = effect.command
     data: dict[str, Any] = {
         "effect_id": effect.pk,
@@ -315,6 +426,7 @@ def _payload(
         "payload_digest": command.payload_digest,
         "requested_by": command.requested_by.name,
         "context": command.context or {},
+        "thread_ids": thread_ids,
         "reason": change["reason"],
         "actor": change["actor"],
         "occurred_at": change["created_at"].isoformat(),
@@ -339,7 +451,13 @@ def saga_outbox_record(
     """Announce a saga run's state change (``saga.state_changed``), in the caller's
     transaction. Endpoints filtered by run_id do not get it: a saga has no agent run."""
     event = EventType.SAGA_STATE_CHANGED
-    endpoints = _listeners(run.tenant_id, [event], principal=run.requested_by.name, run_id=None)
+    endpoints = [
+        endpoint
+        for endpoint in _subscribed(run.tenant_id, [event])
+        if endpoint.wants(
+            principal=run.requested_by.name, run_id=None, requester_id=run.requested_by_id
+        )
+    ]
     if not endpoints:
         return []
     now = timezone.now()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import gateway
 from gateway import capabilities, hooks, moves
+from gateway.agent_hooks import console as agent_hooks_console
 from gateway.console import extensions
-from gateway.webhooks.apps import announce_creation, announce_transition
+from gateway.webhooks.apps import announce_creation, announce_transition, record_waiter
 from reconciliation import views as reconciliation_views
 from sagas import listeners
 from sagas import views as sagas_views
@@ -30,6 +31,7 @@ def test_the_ledgers_hooks_are_filled_after_django_setup():
         announce_transition,
     ]
     assert list(hooks.effect_created) == [announce_creation]
+    assert list(hooks.command_replayed) == [record_waiter]
     assert list(hooks.dispatch_holds) == [listeners.FROZEN_SAGA]
     assert list(hooks.mismatch_found) == [listeners.freeze_on_mismatch]
     assert hooks.dispatch_sender.bound
@@ -41,6 +43,7 @@ def test_the_console_extensions_are_filled_after_django_setup():
         reconciliation_views.effect_panel,
         reconciliation_views.effect_holder_panel,
         sagas_views.effect_panel,
+        agent_hooks_console.effect_panel,
     ]
     assert extensions.triage_panels == [sagas_views.triage_panel]
     assert set(extensions.effect_actions) == {

@@ -99,7 +99,7 @@ def test_every_operation_describes_its_error_answers(schema):
 
 
 def test_live_answers_match_the_schema(
-    schema, agent, operator, ticket_body, refund_body, sandbox, eager_tasks
+    schema, agent, operator, approver, ticket_body, refund_body, sandbox, eager_tasks
 ):
     created = agent.submit(ticket_body, "schema-1")
     assert created.status_code == 201
@@ -122,7 +122,19 @@ def test_live_answers_match_the_schema(
         endpoint.json(),
         ref=response_schema(schema, "/api/v1/webhook-endpoints", "post", "201"),
     )
+    own = agent.client.post(
+        "/api/v1/webhook-endpoints", {"url": "http://127.0.0.1:9/mine"}, format="json"
+    )
+    conforms(
+        schema, own.json(), ref=response_schema(schema, "/api/v1/webhook-endpoints", "post", "201")
+    )
     answers = {
+        ("/api/v1/effects/{id}/tool-uses", "get"): agent.client.get(
+            f"/api/v1/effects/{effect_id}/tool-uses"
+        ),
+        ("/api/v1/webhook-endpoints/{id}", "get"): agent.client.get(
+            f"/api/v1/webhook-endpoints/{own.json()['id']}"
+        ),
         ("/api/v1/webhook-endpoints/{id}/messages", "get"): operator.client.get(
             f"/api/v1/webhook-endpoints/{endpoint.json()['id']}/messages"
         ),
@@ -145,7 +157,9 @@ def test_live_answers_match_the_schema(
             {**ticket_body, "payload": {**ticket_body["payload"], "title": "other"}}, "schema-1"
         ),
         ("/api/v1/effects/{id}", "get", "404"): agent.client.get("/api/v1/effects/eff_nope"),
-        ("/api/v1/webhook-endpoints", "get", "403"): agent.client.get("/api/v1/webhook-endpoints"),
+        ("/api/v1/webhook-endpoints", "get", "403"): approver.client.get(
+            "/api/v1/webhook-endpoints"
+        ),
         ("/api/v1/effects", "get", "401"): APIClient().get(
             "/api/v1/effects", HTTP_AUTHORIZATION="Bearer egw_nope"
         ),

@@ -60,6 +60,7 @@ ENDPOINTS = [
     Endpoint("types", "get", "/api/v1/effect-types", ANY, setup="none", tenant_object=False),
     Endpoint("get", "get", "/api/v1/effects/{id}", ANY),
     Endpoint("events", "get", "/api/v1/effects/{id}/events", ANY),
+    Endpoint("tool uses", "get", "/api/v1/effects/{id}/tool-uses", ANY),
     Endpoint("reconciliations", "get", "/api/v1/effects/{id}/reconciliations", ANY),
     Endpoint(
         "approve",
@@ -129,7 +130,7 @@ ENDPOINTS = [
         "webhook endpoints",
         "get",
         "/api/v1/webhook-endpoints",
-        OPERATORS,
+        OPERATORS | {"agent"},  # an agent lists its own
         setup="none",
         tenant_object=False,
     ),

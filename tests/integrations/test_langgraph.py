@@ -14,11 +14,14 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from gateway.langgraph_tools import (
     effect_key,
     resume_command,
+    resume_commands,
     resume_thread,
+    resume_threads,
     submit_effect,
     wait_for_effect,
 )
 from gateway.models import Command as LedgerCommand
+from gateway.webhooks.models import EffectWaiter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -123,6 +126,40 @@ def test_the_same_refund_on_two_threads_is_one_refund(connect, agent, sandbox, e
     # Both threads are traceable: the first submission's context names its thread.
     command = LedgerCommand.objects.get(type="billing.refund.create")
     assert command.context["thread_id"] == "thread-a"
+
+
+def test_three_threads_waiting_on_one_effect_are_all_resumed(
+    connect, agent, approver, sandbox, eager_tasks, receiver, webhook_endpoint
+):
+    """Only the first submitter's thread used to be resumed: the webhook named one thread."""
+    _, secret = webhook_endpoint
+    bot = connect(agent)
+    graph = refund_graph(bot)
+    threads = ["t-one", "t-two", "t-three"]
+    started = [graph.invoke({"order_id": "ord_77", "amount": 15_000}, thread(t)) for t in threads]
+    (effect_id,) = {state["__interrupt__"][0].value["effect_id"] for state in started}
+    waiters = EffectWaiter.objects.order_by("id").values_list("thread_id", flat=True)
+    assert list(waiters) == ["t-two", "t-three"]  # the first is the command's own thread
+    # The resume of an interrupted thread replays again: no second row.
+    graph.invoke({"order_id": "ord_77", "amount": 15_000}, thread("t-two"))
+    assert EffectWaiter.objects.count() == 2
+
+    command = LedgerCommand.objects.get(pk=effect_id)
+    connect(approver).approve(effect_id, command.payload_digest)
+    deliveries = receiver.wait_for(4)  # awaiting_approval, approved, approval_decided, confirmed
+    confirmed = next(d for d in deliveries if d.event["type"] == "effect.confirmed")
+    assert confirmed.event["data"]["thread_ids"] == threads
+    assert [t for t, _ in resume_commands(confirmed.body, confirmed.headers, secret)] == threads
+
+    states = resume_threads(graph, confirmed.body, confirmed.headers, secret)
+    assert sorted(states) == sorted(threads)
+    for state in states.values():
+        assert state["refund"] == {"effect_id": effect_id, "status": "CONFIRMED"}
+        assert "__interrupt__" not in state
+    # A retried delivery (same webhook-id) resumes no thread twice.
+    assert resume_threads(graph, confirmed.body, confirmed.headers, secret) == {}
+    assert LedgerCommand.objects.filter(type="billing.refund.create").count() == 1
+    assert len(sandbox.operations(type="billing.refund.create")) == 1
 
 
 def test_the_caller_names_the_intention_with_a_key_or_a_key_function(

@@ -54,10 +54,110 @@ def test_endpoints_are_managed_by_operators_only(operator, agent, receiver):
     listed = operator.client.get("/api/v1/webhook-endpoints").json()["results"]
     assert [e["id"] for e in listed] == [body["id"]]
     assert "secret" not in listed[0]
-    refused = agent.client.post("/api/v1/webhook-endpoints", {"url": receiver.url}, format="json")
+    # An agent's own endpoints are not the tenant's: it sees none of these.
+    assert agent.client.get("/api/v1/webhook-endpoints").json()["results"] == []
+
+
+def test_approvers_do_not_manage_webhooks(approver, receiver):
+    refused = approver.client.post(
+        "/api/v1/webhook-endpoints", {"url": receiver.url}, format="json"
+    )
     assert refused.status_code == 403
     assert refused["Content-Type"] == "application/problem+json"
-    assert agent.client.get("/api/v1/webhook-endpoints").status_code == 403
+    assert approver.client.get("/api/v1/webhook-endpoints").status_code == 403
+
+
+def own_endpoint(persona, receiver, **fields) -> dict:
+    response = persona.client.post(
+        "/api/v1/webhook-endpoints", {"url": receiver.url, **fields}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_an_agent_manages_its_own_endpoints_and_sees_no_other(
+    agent, other_agent, operator, receiver
+):
+    mine = own_endpoint(agent, receiver, description="refund-bot's")
+    assert mine["owner"] == "refund-bot" and mine["secret"].startswith("whsec_")
+    theirs = own_endpoint(other_agent, receiver)
+    tenant_wide = own_endpoint(operator, receiver)
+    assert tenant_wide["owner"] is None
+    listed = agent.client.get("/api/v1/webhook-endpoints").json()["results"]
+    assert [e["id"] for e in listed] == [mine["id"]]
+    everything = operator.client.get("/api/v1/webhook-endpoints").json()["results"]
+    assert {e["id"] for e in everything} == {mine["id"], theirs["id"], tenant_wide["id"]}
+    for other in (theirs["id"], tenant_wide["id"]):
+        for answer in (
+            agent.client.get(f"/api/v1/webhook-endpoints/{other}"),
+            agent.client.delete(f"/api/v1/webhook-endpoints/{other}"),
+            agent.client.get(f"/api/v1/webhook-endpoints/{other}/messages"),
+            agent.client.post(f"/api/v1/webhook-endpoints/{other}/disable"),
+        ):
+            assert answer.status_code == 404, answer.content
+    assert WebhookEndpoint.objects.filter(enabled=True).count() == 3
+    # Its endpoint hears of its own effects: it may not name other principals.
+    named = agent.client.post(
+        "/api/v1/webhook-endpoints",
+        {"url": receiver.url, "principals": ["deploy-bot"]},
+        format="json",
+    )
+    assert named.status_code == 400
+    assert "principals" in named.json()["errors"]
+    assert agent.client.delete(f"/api/v1/webhook-endpoints/{mine['id']}").status_code == 204
+    assert agent.client.get(f"/api/v1/webhook-endpoints/{mine['id']}").status_code == 404
+    assert agent.client.get("/api/v1/webhook-endpoints").json()["results"] == []
+    assert mine["id"] not in {
+        e["id"] for e in operator.client.get("/api/v1/webhook-endpoints").json()["results"]
+    }
+    assert WebhookEndpoint.objects.get(pk=mine["id"]).enabled is False
+
+
+def test_an_agents_endpoint_hears_of_its_own_effects_and_those_it_waits_on(
+    agent, other_agent, approver, refund_body, ticket_body, sandbox, eager_tasks, receiver
+):
+    mine = own_endpoint(agent, receiver)
+    theirs = own_endpoint(other_agent, receiver)
+    own_ticket = confirmed_ticket(agent, ticket_body, "mine")
+    other_ticket = other_agent.submit(
+        {**ticket_body, "payload": {"title": "other", "priority": "P3"}}, "theirs"
+    ).json()["effect_id"]
+    receiver.wait_for(2)
+    heard = {
+        endpoint_id: set(
+            WebhookMessage.objects.filter(endpoint_id=endpoint_id).values_list(
+                "effect_id", flat=True
+            )
+        )
+        for endpoint_id in (mine["id"], theirs["id"])
+    }
+    assert heard == {mine["id"]: {own_ticket}, theirs["id"]: {other_ticket}}
+
+    # deploy-bot's thread submits the same intention: it waits on refund-bot's effect, and
+    # its endpoint hears of it from then on.
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    first = agent.submit({**big, "context": {"thread_id": "t-a"}}, "shared").json()
+    again = other_agent.submit({**big, "context": {"thread_id": "t-b"}}, "shared")
+    assert again.status_code == 200 and again.json()["effect_id"] == first["effect_id"]
+    approver.client.post(
+        f"/api/v1/effects/{first['effect_id']}/approve",
+        {"payload_digest": first["payload_digest"]},
+        format="json",
+    )
+    messages = WebhookMessage.objects.filter(effect_id=first["effect_id"])
+    by_endpoint = {
+        endpoint_id: sorted(
+            messages.filter(endpoint_id=endpoint_id).values_list("event_type", flat=True)
+        )
+        for endpoint_id in heard
+    }
+    decided = ["effect.approval_decided", "effect.approved", "effect.confirmed"]
+    assert by_endpoint == {
+        mine["id"]: sorted(["effect.awaiting_approval", *decided]),
+        theirs["id"]: decided,  # it waited from its replay on
+    }
+    confirmed = messages.filter(event_type="effect.confirmed").first()
+    assert confirmed.payload["data"]["thread_ids"] == ["t-a", "t-b"]
 
 
 def test_invalid_endpoints_are_400_with_field_errors(operator):
@@ -375,3 +475,48 @@ def test_private_receivers_are_refused_unless_a_deployment_allows_them():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_waiter_recorded_during_a_status_change_waits_for_it_to_commit(
+    agent, other_agent, approver, refund_body
+):
+    """The waiter's insert takes FOR SHARE on the effect: while a change holds the row (its
+    outbox rows already written without the new waiter), the insert waits, so the waiting
+    thread reads the new status next instead of interrupting on the old one."""
+    import threading
+
+    from gateway.webhooks.services import waiter_record
+
+    big = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
+    effect_id = agent.submit({**big, "context": {"thread_id": "t-a"}}, "locked").json()["effect_id"]
+    effect = Effect.objects.select_related("command").get(pk=effect_id)
+    done = threading.Event()
+    answers: list[bool] = []
+
+    def record() -> None:
+        from django.db import connection
+
+        try:
+            answers.append(
+                waiter_record(effect, principal=other_agent.principal, context={"thread_id": "t-b"})
+            )
+        finally:
+            connection.close()
+            done.set()
+
+    with transaction.atomic():
+        services.effect_reject(effect=effect, principal=approver.principal, reason="no")
+        worker = threading.Thread(target=record)
+        worker.start()
+        assert not done.wait(0.5), "the waiter was recorded while the change was in flight"
+    assert done.wait(10)
+    worker.join()
+    assert answers == [True]
+    assert Effect.objects.get(pk=effect_id).status == "REJECTED"
+    # A second record of the same thread is no new waiter; the submitter's own thread is none.
+    assert (
+        waiter_record(effect, principal=other_agent.principal, context={"thread_id": "t-b"})
+        is False
+    )
+    assert waiter_record(effect, principal=agent.principal, context={"thread_id": "t-a"}) is False
+    assert waiter_record(effect, principal=agent.principal, context={"thread_id": 7}) is False

@@ -361,6 +361,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/effects/{id}/tool-uses": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The Claude Code tool calls that returned this effect (PostToolUse records): session, tool-use id, when, and the effect's status then. */
+        get: operations["v1_effects_tool_uses_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/effects/{id}/unfreeze": {
         parameters: {
             query?: never;
@@ -654,10 +671,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description A tenant's webhook endpoints (operator, admin). */
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
         get: operations["v1_webhook_endpoints_list"];
         put?: never;
-        /** @description A tenant's webhook endpoints (operator, admin). */
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
         post: operations["v1_webhook_endpoints_create"];
         delete?: never;
         options?: never;
@@ -672,11 +689,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description A tenant's webhook endpoints (operator, admin). */
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
         get: operations["v1_webhook_endpoints_retrieve"];
         put?: never;
         post?: never;
-        delete?: never;
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
+        delete: operations["v1_webhook_endpoints_destroy"];
         options?: never;
         head?: never;
         patch?: never;
@@ -691,7 +709,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description A tenant's webhook endpoints (operator, admin). */
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
         post: operations["v1_webhook_endpoints_disable_create"];
         delete?: never;
         options?: never;
@@ -708,7 +726,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description A tenant's webhook endpoints (operator, admin). */
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
         post: operations["v1_webhook_endpoints_enable_create"];
         delete?: never;
         options?: never;
@@ -723,7 +741,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description A tenant's webhook endpoints (operator, admin). */
+        /** @description A tenant's webhook endpoints (operator, admin), or an agent's own (agent). */
         get: operations["v1_webhook_endpoints_messages_list"];
         put?: never;
         post?: never;
@@ -917,6 +935,8 @@ export interface components {
             event_types: ("effect.awaiting_approval" | "effect.approved" | "effect.confirmed" | "effect.unknown" | "effect.rejected" | "effect.cancelled" | "effect.expired" | "effect.compensated" | "effect.compensation_failed" | "effect.approval_decided" | "saga.state_changed")[];
             principals: string[];
             run_ids: string[];
+            /** @description The agent whose own endpoint this is (it hears of that agent's effects only); null for a tenant-wide endpoint. */
+            readonly owner: string | null;
             enabled: boolean;
             disabled_reason: string;
             created_by: string;
@@ -930,7 +950,7 @@ export interface components {
             /** @description Default: every event type. */
             event_types?: components["schemas"]["EventTypesEnum"][];
             description?: string;
-            /** @description Only effects these principals requested (names). Default: all. */
+            /** @description Only effects these principals requested (names). Default: all. Not for an agent: its endpoint hears of its own effects only. */
             principals?: string[];
             /** @description Only effects whose context.run_id is one of these. Default: all. */
             run_ids?: string[];
@@ -944,6 +964,8 @@ export interface components {
             event_types: ("effect.awaiting_approval" | "effect.approved" | "effect.confirmed" | "effect.unknown" | "effect.rejected" | "effect.cancelled" | "effect.expired" | "effect.compensated" | "effect.compensation_failed" | "effect.approval_decided" | "saga.state_changed")[];
             principals: string[];
             run_ids: string[];
+            /** @description The agent whose own endpoint this is (it hears of that agent's effects only); null for a tenant-wide endpoint. */
+            readonly owner: string | null;
             enabled: boolean;
             disabled_reason: string;
             created_by: string;
@@ -1366,6 +1388,23 @@ export interface components {
             /** Format: date-time */
             readonly revoked_at: string | null;
             rotated_from: string;
+        };
+        /**
+         * @description A PostToolUse record that names the effect: the Claude Code session and tool call that
+         *     returned it, and the effect's status when the hook ran.
+         */
+        ToolUse: {
+            readonly id: number;
+            effect_id: string;
+            session_id: string;
+            tool_use_id: string;
+            tool_name: string;
+            principal: string;
+            /** @description The effect's status when the hook ran. */
+            status: string;
+            failed: boolean;
+            /** Format: date-time */
+            readonly recorded_at: string;
         };
         /** @description RFC 9457 problem details. */
         Problem: {
@@ -3710,6 +3749,65 @@ export interface operations {
             };
         };
     };
+    v1_effects_tool_uses_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ToolUse"][];
+                };
+            };
+            /** @description No token, or a token that is unknown, revoked or expired. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The principal's role, grants or a freeze do not allow this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Nothing of this id in the caller's tenant. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Rate limited: retry after Retry-After seconds, with the same Idempotency-Key. */
+            429: {
+                headers: {
+                    /** @description Seconds to wait. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     v1_effects_unfreeze_create: {
         parameters: {
             query?: never;
@@ -5326,6 +5424,64 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Endpoint"];
                 };
+            };
+            /** @description No token, or a token that is unknown, revoked or expired. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The principal's role, grants or a freeze do not allow this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Nothing of this id in the caller's tenant. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Rate limited: retry after Retry-After seconds, with the same Idempotency-Key. */
+            429: {
+                headers: {
+                    /** @description Seconds to wait. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    v1_webhook_endpoints_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             /** @description No token, or a token that is unknown, revoked or expired. */
             401: {

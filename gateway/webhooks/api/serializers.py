@@ -21,7 +21,8 @@ class EndpointCreateSerializer(serializers.Serializer):
     principals = serializers.ListField(
         child=serializers.CharField(max_length=200),
         required=False,
-        help_text="Only effects these principals requested (names). Default: all.",
+        help_text="Only effects these principals requested (names). Default: all. "
+        "Not for an agent: its endpoint hears of its own effects only.",
     )
     run_ids = serializers.ListField(
         child=serializers.CharField(max_length=200),
@@ -35,6 +36,14 @@ class EndpointReasonSerializer(serializers.Serializer):
 
 
 class EndpointSerializer(serializers.ModelSerializer):
+    owner: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name",
+        read_only=True,
+        allow_null=True,
+        help_text="The agent whose own endpoint this is (it hears of that agent's effects "
+        "only); null for a tenant-wide endpoint.",
+    )
+
     class Meta:
         model = WebhookEndpoint
         fields = [
@@ -44,6 +53,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "event_types",
             "principals",
             "run_ids",
+            "owner",
             "enabled",
             "disabled_reason",
             "created_by",

@@ -1,5 +1,6 @@
 """``/api/v1/webhook-endpoints``: operators and admins register where their tenant's effect
-events are sent. Errors leave as problem+json through the project's exception handler."""
+events are sent; an agent registers, lists and deletes its own. Errors leave as problem+json
+through the project's exception handler."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from rest_framework.response import Response
 from gateway.api.auth import principal_of
 from gateway.api.inputs import valid_body
 from gateway.errors import NotPermitted
-from gateway.services import OPERATOR_ROLES
 from gateway.webhooks import selectors, services
 from gateway.webhooks.api.serializers import (
     EndpointCreatedSerializer,
@@ -25,14 +25,16 @@ from gateway.webhooks.api.serializers import (
 
 
 def _operator(request: Request):
+    """The caller, if it may manage endpoints: an operator or admin (the tenant's), an agent
+    (its own: the selectors show it no other)."""
     principal = principal_of(request)
-    if principal.role not in OPERATOR_ROLES:
+    if principal.role not in services.MANAGER_ROLES:
         raise NotPermitted(f"A principal with role {principal.role} cannot manage webhooks.")
     return principal
 
 
 class WebhookEndpointViewSet(viewsets.ViewSet):
-    """A tenant's webhook endpoints (operator, admin)."""
+    """A tenant's webhook endpoints (operator, admin), or an agent's own (agent)."""
 
     lookup_value_regex = "[^/]+"
 
@@ -62,6 +64,13 @@ class WebhookEndpointViewSet(viewsets.ViewSet):
     def retrieve(self, request: Request, pk: str) -> Response:
         endpoint = selectors.endpoint_get(principal=_operator(request), endpoint_id=pk)
         return Response(EndpointSerializer(endpoint).data)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request: Request, pk: str) -> Response:
+        principal = _operator(request)
+        endpoint = selectors.endpoint_get(principal=principal, endpoint_id=pk)
+        services.endpoint_delete(endpoint=endpoint, principal=principal)
+        return Response(status=http.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=EndpointReasonSerializer, responses=EndpointSerializer)
     @action(detail=True, methods=["post"])

@@ -15,7 +15,11 @@ Inside a node (or a ``@task``)::
 
 and in the webhook receiver (the gateway's ``effect.*`` events)::
 
-    state = resume_thread(graph, body, headers, secret)   # None: not for a waiting thread
+    states = resume_threads(graph, body, headers, secret)  # {}: no thread waits for it
+
+Every thread that waits on the effect is resumed: the first submitter's and each thread whose
+submission of the same intention got the same effect back (the gateway records them and lists
+them in ``data.thread_ids``).
 
 **The key names the business intention, not the thread.** The default key is
 ``<type>:<business resource>:<revision>`` — the same for every thread, run and re-run that
@@ -45,7 +49,9 @@ from effect_gateway_client import SETTLED, Effect, GatewayClient, deterministic_
 __all__ = [
     "effect_key",
     "resume_command",
+    "resume_commands",
     "resume_thread",
+    "resume_threads",
     "submit_effect",
     "wait_for_effect",
 ]
@@ -119,7 +125,7 @@ def wait_for_effect(
     poll_first: float = 0.0,
 ) -> Effect:
     """Answer the effect once its status is one of ``until`` (default: settled); until then,
-    ``interrupt()`` the graph. The gateway's webhook resumes it (see ``resume_command``).
+    ``interrupt()`` the graph. The gateway's webhook resumes it (see ``resume_threads``).
 
     ``poll_first`` seconds of long poll come first, so that an effect that settles within
     them does not interrupt the graph at all.
@@ -146,12 +152,22 @@ def wait_for_effect(
     return current
 
 
-def resume_command(
+def _thread_ids(data: Mapping[str, Any]) -> list[str]:
+    """Every thread the event names: ``data.thread_ids`` (all waiting threads, the submitter's
+    first), else the submitter's ``context.thread_id`` (a gateway that lists no waiters)."""
+    named = data.get("thread_ids")
+    if not isinstance(named, list):
+        named = [(data.get("context") or {}).get("thread_id")]
+    return list(dict.fromkeys(str(thread) for thread in named if thread))
+
+
+def resume_commands(
     body: bytes | str, headers: Mapping[str, str], secret: str
-) -> tuple[str, Command] | None:
-    """Verify a gateway webhook (Standard Webhooks) and turn it into the resume of the
-    LangGraph thread that submitted the effect: ``(thread_id, Command(resume=event))``, or
-    None when no LangGraph thread submitted it (the tenant's other effects: ignore them).
+) -> list[tuple[str, Command]]:
+    """Verify a gateway webhook (Standard Webhooks) and turn it into the resume of every
+    LangGraph thread that waits on the effect: ``[(thread_id, Command(resume=event)), …]``,
+    the submitter's thread first; empty when no thread waits on it (the tenant's other
+    effects: ignore them).
 
     Raises ``standardwebhooks.webhooks.WebhookVerificationError`` for a forged or stale
     request.
@@ -160,32 +176,51 @@ def resume_command(
 
     event = Webhook(secret).verify(body, dict(headers))
     data = event.get("data") or {}
-    thread_id = (data.get("context") or {}).get("thread_id")
-    if not thread_id or not data.get("effect_id"):
-        return None
-    return str(thread_id), Command(resume=event)
+    if not data.get("effect_id"):
+        return []
+    return [(thread_id, Command(resume=event)) for thread_id in _thread_ids(data)]
+
+
+def resume_command(
+    body: bytes | str, headers: Mapping[str, str], secret: str
+) -> tuple[str, Command] | None:
+    """The first of ``resume_commands``: the thread that submitted the effect, or None.
+    Other threads may wait on the same effect: ``resume_commands`` names them all."""
+    commands = resume_commands(body, headers, secret)
+    return commands[0] if commands else None
+
+
+def resume_threads(
+    graph: Any, body: bytes | str, headers: Mapping[str, str], secret: str
+) -> dict[str, dict[str, Any]]:
+    """Resume every thread of ``graph`` that waits for this webhook's effect; answers each
+    resumed thread's new state by thread id (empty: no thread of ``graph`` waits for it —
+    another effect of the tenant, threads that have moved on, a repeated delivery). A thread
+    is resumed only while it is interrupted on this effect, so a retried delivery resumes
+    none twice. Verifies the signature like ``resume_commands``.
+    """
+    resumed: dict[str, dict[str, Any]] = {}
+    for thread_id, command in resume_commands(body, headers, secret):
+        event = cast(dict[str, Any], command.resume)  # resumed with the event itself
+        effect_id = (event.get("data") or {}).get("effect_id")
+        config = {"configurable": {"thread_id": thread_id}}
+        snapshot = graph.get_state(config)
+        waiting = [
+            pending
+            for pending in getattr(snapshot, "interrupts", ()) or ()
+            if isinstance(pending.value, dict) and pending.value.get("effect_id") == effect_id
+        ]
+        if waiting:
+            resumed[thread_id] = graph.invoke(command, config)
+    return resumed
 
 
 def resume_thread(
     graph: Any, body: bytes | str, headers: Mapping[str, str], secret: str
 ) -> dict[str, Any] | None:
-    """Resume the thread that waits for this webhook's effect; answers the graph's new state,
-    or None when no thread of ``graph`` waits for it (another effect of the tenant, a thread
-    that has moved on, a repeated delivery). Verifies the signature like ``resume_command``.
+    """Resume every thread of ``graph`` that waits for this webhook's effect
+    (``resume_threads``) and answer the new state of the first one resumed, or None when no
+    thread of ``graph`` waits for it. Use ``resume_threads`` for each thread's state.
     """
-    target = resume_command(body, headers, secret)
-    if target is None:
-        return None
-    thread_id, command = target
-    event = cast(dict[str, Any], command.resume)  # resume_command resumes with the event
-    effect_id = (event.get("data") or {}).get("effect_id")
-    config = {"configurable": {"thread_id": thread_id}}
-    snapshot = graph.get_state(config)
-    waiting = [
-        pending
-        for pending in getattr(snapshot, "interrupts", ()) or ()
-        if isinstance(pending.value, dict) and pending.value.get("effect_id") == effect_id
-    ]
-    if not waiting:
-        return None
-    return graph.invoke(command, config)
+    resumed = resume_threads(graph, body, headers, secret)
+    return next(iter(resumed.values()), None)
