@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
@@ -64,7 +65,7 @@ from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import seal_bound
 from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
-from gateway.providers.registry import adapter_for
+from gateway.providers.registry import adapter_for, sender_of
 
 logger = logging.getLogger(__name__)
 
@@ -648,6 +649,9 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             worker=worker,
             state=AttemptState.SENDING,
             started_at=now,
+            # Which adapter and credential send it; building the adapter here (once per
+            # process) means one that cannot be built leaves nothing claimed.
+            **(sender_of(contract).attempt_fields() if contract else {}),
         )
     return Claim(
         effect_id=effect_id,
@@ -815,6 +819,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if claim is None:
         return None
     logger.info("effect claimed", extra={"effect_id": effect_id, "fence": claim.fence})
+    attempts_note_sender([claim])
     moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     sent = fast_send(claim)
@@ -836,6 +841,28 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         fast_record_general(claim, sent.result, worker=worker)
     failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
     return True
+
+
+def attempts_note_sender(claims: Iterable[fastpath.FastClaim]) -> None:
+    """Write the sender (adapter, credential fingerprint) on fast claims' attempts, which the
+    claim statement leaves NULL: one UPDATE per type whose sender is not the default, none
+    at all on the default's hot path. A separate statement after the claim's commit, so the
+    claim and the record are what they were; an attempt it fails to mark keeps NULL."""
+    by_type: dict[str, list[int]] = {}
+    for claim in claims:
+        by_type.setdefault(claim.type, []).append(claim.attempt_id)
+    for type_, attempt_ids in by_type.items():
+        contract = get_contract(type_)
+        try:
+            fields = sender_of(contract).attempt_fields() if contract else {}
+        except Exception:  # the send builds the adapter again and fails as it always did
+            continue
+        if fields.get("adapter") is None:
+            continue
+        try:
+            Attempt.objects.filter(pk__in=attempt_ids).update(**fields)
+        except DatabaseError:
+            logger.warning("attempt sender not recorded", extra={"effect_type": type_})
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from urllib.parse import urlsplit
 import requests
 import stripe
 import urllib3.exceptions
+from django.conf import settings
 
 from gateway.choices import Outcome
 from gateway.contracts import EffectContract
@@ -62,6 +63,7 @@ from gateway.providers.base import (
     ExecuteRequest,
     LookupResult,
     LookupStatus,
+    ProviderConfig,
     ProviderOperation,
 )
 from gateway.providers.http import classify_operation
@@ -298,6 +300,9 @@ class StripeAdapter:
         self._pid = 0
         self._client: stripe.StripeClient | None = None
 
+    def __repr__(self) -> str:
+        return f"StripeAdapter({self.api_base!r})"  # never the key
+
     @property
     def client(self) -> stripe.StripeClient:
         """This process's client. One made before a fork is not reused after it: its pooled
@@ -492,4 +497,23 @@ def _unreachable(exc: stripe.StripeError) -> LookupResult:
         LookupStatus.UNREACHABLE,
         http_status=exc.http_status,
         error=_describe(exc.__cause__ or exc) if exc.http_status is None else str(exc),
+    )
+
+
+def from_config(config: ProviderConfig) -> StripeAdapter:
+    """The Stripe adapter of a ``GATEWAY_PROVIDERS`` entry (``"adapter": "stripe"``): the
+    entry's base URL as the API base, its credential as the secret key, and its options
+    ``default_source`` (a source for charges whose payload names none, e.g. ``tok_visa`` in
+    test mode), ``charge_customer`` and ``lookup_max_pages``. TLS is verified against
+    ``GATEWAY_PROVIDER_CA_BUNDLE`` when one is set."""
+    options = config.options
+    return StripeAdapter(
+        api_base=config.base_url,
+        api_key=config.credential,
+        timeout=config.timeout,
+        contract=config.contract,
+        default_source=str(options.get("default_source", "")),
+        charge_customer=bool(options.get("charge_customer", False)),
+        ca_bundle=settings.GATEWAY_PROVIDER_CA_BUNDLE or None,
+        lookup_max_pages=int(options.get("lookup_max_pages", 10)),
     )

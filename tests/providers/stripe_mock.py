@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-SERVER_DIR = Path(__file__).parent / "stripe_server"
+SERVER_DIR = Path(__file__).resolve().parents[2] / "scripts" / "stripe_server"
 ENTRY = SERVER_DIR / "node_modules" / "stripe-stateful-mock" / "dist" / "autostart.js"
 API_KEY = "sk_test_effect_gateway"  # the mock accepts any key that starts with sk_test_
 
