@@ -60,6 +60,7 @@ ENDPOINTS = [
     Endpoint("types", "get", "/api/v1/effect-types", ANY, setup="none", tenant_object=False),
     Endpoint("get", "get", "/api/v1/effects/{id}", ANY),
     Endpoint("events", "get", "/api/v1/effects/{id}/events", ANY),
+    Endpoint("attempts", "get", "/api/v1/effects/{id}/attempts", ANY),
     Endpoint("reconciliations", "get", "/api/v1/effects/{id}/reconciliations", ANY),
     Endpoint(
         "approve",
