@@ -30,19 +30,22 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway.providers.base import ProviderConfig
+
 # Built-in adapter kinds -> the factory that builds one from a ProviderConfig. "rest" is the
-# declarative REST adapter's module: a build without it says so at start-up.
+# declarative REST adapter (gateway.providers.rest), through ``rest_from_config``.
 ADAPTER_KINDS: dict[str, str] = {
     "http": "gateway.providers.http.from_config",
     "stripe": "gateway.providers.stripe.from_config",
-    "rest": "gateway.providers.rest.from_config",
+    "rest": "gateway.providers.config.rest_from_config",
 }
-# The options each built-in kind reads (anything else is a typo, refused at start-up); None:
-# the kind's factory checks its own.
+# The options each built-in kind reads (anything else is a typo, refused at start-up).
 KIND_OPTIONS: dict[str, frozenset[str] | None] = {
     "http": frozenset(),
     "stripe": frozenset({"default_source", "charge_customer", "lookup_max_pages"}),
-    "rest": None,
+    "rest": frozenset(
+        {"spec", "spec_file", "headers", "ca_certs", "credential_header", "credential_scheme"}
+    ),
 }
 _KEYS = frozenset({"adapter", "base_url", "timeout", "credential", "options"})
 
@@ -209,3 +212,23 @@ def parse_entry(name: str, raw: Any) -> ProviderEntry:
     if entry is None:
         raise ImproperlyConfigured(f"GATEWAY_PROVIDERS: {'; '.join(problems)}")
     return entry
+
+
+def rest_from_config(config: ProviderConfig) -> Any:
+    """The declarative REST adapter of a ``GATEWAY_PROVIDERS`` entry (``"adapter": "rest"``):
+    its options ``spec`` or ``spec_file`` (the declaration), ``headers`` and ``ca_certs`` go
+    to ``gateway.providers.rest.adapter_from_config`` with the entry's base URL and timeout;
+    the credential goes as one more header, ``credential_header`` (``Authorization``) with
+    ``credential_scheme`` (``Bearer``; "" sends the secret alone) before it."""
+    from gateway.providers import rest  # type: ignore[attr-defined,unused-ignore]
+
+    options = dict(config.options)
+    header = str(options.pop("credential_header", "Authorization"))
+    scheme = str(options.pop("credential_scheme", "Bearer"))
+    headers = dict(options.pop("headers", {}) or {})
+    if config.credential:
+        headers[header] = f"{scheme} {config.credential}" if scheme else config.credential
+    entry = {**options, "base_url": config.base_url, "timeout": config.timeout}
+    if headers:
+        entry["headers"] = headers
+    return rest.adapter_from_config(config.name, entry)

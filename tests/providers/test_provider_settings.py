@@ -219,3 +219,48 @@ def test_a_dotted_path_names_any_factory(settings):
     settings.GATEWAY_PROVIDERS = {"tickets": {"adapter": FACTORY, "base_url": "http://d.invalid"}}
     assert registry.adapter_for(CONTRACTS["ticket.create"]).base_url == "http://d.invalid"  # type: ignore[attr-defined]
     assert registry.sender_of(CONTRACTS["ticket.create"]).adapter == FACTORY
+
+
+def test_a_rest_entry_reaches_the_rest_adapter_with_its_credential_as_a_header(
+    settings, monkeypatch
+):
+    """The "rest" kind hands the declarative REST adapter its entry: the declaration and
+    headers from the options, the base URL and timeout, and the credential as a header."""
+    import sys
+    import types
+
+    received: list[tuple[str, dict]] = []
+    fake = types.ModuleType("gateway.providers.rest")
+    fake.adapter_from_config = lambda name, entry: (
+        received.append((name, entry))
+        or (  # type: ignore[attr-defined]
+            HttpProviderAdapter(entry["base_url"])
+        )
+    )
+    monkeypatch.setitem(sys.modules, "gateway.providers.rest", fake)
+    monkeypatch.setattr("gateway.providers.rest", fake, raising=False)
+    monkeypatch.setenv("DEPLOY_TOKEN", SECRET)
+    entry = {
+        "adapter": "rest",
+        "base_url": "https://deploy.invalid/api",
+        "timeout": 4,
+        "credential": {"env": "DEPLOY_TOKEN"},
+        "options": {"spec_file": "/etc/deploy.json", "credential_header": "X-Api-Key"},
+    }
+    assert entry_problems("deploy", entry) == []
+    settings.GATEWAY_PROVIDERS = {"deploy": entry}
+    contract = next(c for c in CONTRACTS.values() if c.provider == "deploy")
+    registry.adapter_for(contract)
+    assert received == [
+        (
+            "deploy",
+            {
+                "spec_file": "/etc/deploy.json",
+                "base_url": "https://deploy.invalid/api",
+                "timeout": 4.0,
+                "headers": {"X-Api-Key": f"Bearer {SECRET}"},
+            },
+        )
+    ]
+    assert registry.sender_of(contract) == registry.Sender("rest", fingerprint(SECRET))
+    assert "option 'spek'" in entry_problems("deploy", {**entry, "options": {"spek": {}}})[0]
