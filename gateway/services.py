@@ -651,7 +651,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             started_at=now,
             # Which adapter and credential send it; building the adapter here (once per
             # process) means one that cannot be built leaves nothing claimed.
-            **(sender_of(contract).attempt_fields() if contract else {}),
+            **attempt_sender_fields(effect.type),
         )
     return Claim(
         effect_id=effect_id,
@@ -843,6 +843,13 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     return True
 
 
+def attempt_sender_fields(effect_type: str) -> dict[str, str | None]:
+    """The attempt's ``adapter`` and ``credential_fingerprint`` for an effect of this type
+    (gateway.providers.registry.Sender; NULL for the SPEC §6 adapter without a credential)."""
+    contract = get_contract(effect_type)
+    return sender_of(contract).attempt_fields() if contract else {}
+
+
 def attempts_note_sender(claims: Iterable[fastpath.FastClaim]) -> None:
     """Write the sender (adapter, credential fingerprint) on fast claims' attempts, which the
     claim statement leaves NULL: one UPDATE per type whose sender is not the default, none
@@ -852,9 +859,8 @@ def attempts_note_sender(claims: Iterable[fastpath.FastClaim]) -> None:
     for claim in claims:
         by_type.setdefault(claim.type, []).append(claim.attempt_id)
     for type_, attempt_ids in by_type.items():
-        contract = get_contract(type_)
         try:
-            fields = sender_of(contract).attempt_fields() if contract else {}
+            fields = attempt_sender_fields(type_)
         except Exception:  # the send builds the adapter again and fails as it always did
             continue
         if fields.get("adapter") is None:

@@ -264,3 +264,24 @@ def test_a_rest_entry_reaches_the_rest_adapter_with_its_credential_as_a_header(
     ]
     assert registry.sender_of(contract) == registry.Sender("rest", fingerprint(SECRET))
     assert "option 'spek'" in entry_problems("deploy", {**entry, "options": {"spek": {}}})[0]
+
+
+def test_the_demos_real_providers_pass_their_own_check(settings, monkeypatch):
+    """``--providers real``: billing on Stripe with the demo's key, an entry the environment
+    already has kept over the demo's, and the whole configuration clean for the check."""
+    import json
+
+    from gateway.management.commands import demo
+
+    monkeypatch.setenv("GATEWAY_PROVIDERS", json.dumps({"mail": {"base_url": "http://m.invalid"}}))
+    monkeypatch.delenv(demo.STRIPE_KEY_ENV, raising=False)
+    environment = demo.real_providers_environment("http://127.0.0.1:12111")
+    providers = json.loads(environment["GATEWAY_PROVIDERS"])
+    assert providers["billing"]["adapter"] == "stripe"
+    assert providers["billing"]["credential"] == {"env": demo.STRIPE_KEY_ENV}
+    assert providers["mail"] == {"base_url": "http://m.invalid"}
+    assert environment[demo.STRIPE_KEY_ENV].startswith("sk_test_")
+    monkeypatch.setenv(demo.STRIPE_KEY_ENV, environment[demo.STRIPE_KEY_ENV])
+    assert [m for m in messages(settings, providers) if m.is_serious()] == []
+    adapter = registry.adapter_for(CONTRACTS["billing.refund.create"])
+    assert isinstance(adapter, StripeAdapter) and adapter.default_source == "tok_visa"
