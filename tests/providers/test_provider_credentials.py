@@ -113,3 +113,30 @@ def test_an_adapter_that_cannot_be_built_claims_nothing_on_the_general_path(
     assert effect.status == "PREPARED" and effect.fence == 0
     assert not Attempt.objects.filter(effect_id=effect_id).exists()
     assert sandbox.operations() == []
+
+
+def test_a_drainers_batch_marks_its_attempts_with_one_update(
+    tickets_with_credential, agent, ticket_body
+):
+    """The drainer's batch claim (gateway.dispatcher) leaves the columns NULL in its
+    statement; one UPDATE after each batch marks its attempts of the configured type."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gateway import dispatcher
+
+    ids = []
+    for index in range(3):
+        body = {**ticket_body, "payload": {**ticket_body["payload"], "title": f"t{index}"}}
+        ids.append(agent.submit(body, f"batch-{index}").json()["effect_id"])
+    with CaptureQueriesContext(connection) as statements:
+        assert dispatcher.drain(flag=None, worker="test") == 3
+    senders = set(
+        Attempt.objects.filter(effect_id__in=ids).values_list("adapter", "credential_fingerprint")
+    )
+    assert senders == {("http", fingerprint(SECRET))}
+    sql = [q["sql"] for q in statements.captured_queries]
+    marks = [q for q in sql if q.startswith('UPDATE "gateway_attempt" SET "adapter"')]
+    claims = [q for q in sql if "WITH due AS" in q]
+    # At most one per batch that claimed something (the last claim finds nothing left).
+    assert 1 <= len(marks) <= len(claims) - 1, [q[:80] for q in sql]
