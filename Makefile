@@ -164,7 +164,7 @@ clean: ## Remove what the build made: virtualenvs, node_modules, var/ (the demo'
 		fi; \
 	done
 	rm -rf $(VENV) .venv-clients/ var/ staticfiles/ build/ site/ dist/ ./*.egg-info \
-		tests/console/node_modules/ tests/providers/stripe_server/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ clients/typescript/dist-test/ \
+		tests/console/node_modules/ scripts/stripe_server/node_modules/ clients/typescript/node_modules/ clients/typescript/dist/ clients/typescript/dist-test/ \
 		clients/python/build/ \
 		clients/python/src/*.egg-info .pytest_cache/ .ruff_cache/ .mypy_cache/ \
 		.import_linter_cache/ .hypothesis/ $(EG_CACHE_DIR)

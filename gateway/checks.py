@@ -9,9 +9,14 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from gateway.contracts import loading
+from gateway.contracts import CONTRACTS, loading
+from gateway.providers import config, registry
 
 CONTRACTS_TAG = "contracts"
+PROVIDER_INVALID = "gateway.E111"
+PROVIDER_BUILD_FAILED = "gateway.E112"
+PROVIDER_UNUSED = "gateway.W111"
+PROVIDERS_HINT = "see GATEWAY_PROVIDERS in docs/guides/connect-a-provider.md"
 
 LEDGER_TABLE = "gateway_effectevent"
 
@@ -92,9 +97,53 @@ def contract_modules_must_load(
     schema or policy changed), and each loaded contract whose provider nothing can reach.
     Errors name the module and the type; a module with one is not loaded at all."""
     loaded = loading.current()
-    problems = loaded.problems + loading.provider_problems(loaded, settings.GATEWAY_PROVIDER_URLS)
+    # A provider GATEWAY_PROVIDERS names is reachable; its own entry is checked below.
+    reachable = {**settings.GATEWAY_PROVIDER_URLS, **dict.fromkeys(settings.GATEWAY_PROVIDERS, "-")}
+    problems = loaded.problems + loading.provider_problems(loaded, reachable)
     messages: list[CheckMessage] = []
     for problem in problems:
         kind = Error if problem.error else Warning
         messages.append(kind(str(problem), hint=problem.hint or None, id=problem.id))
+    return messages
+
+
+@register(CONTRACTS_TAG)
+def providers_must_be_configured(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each ``GATEWAY_PROVIDERS`` entry (docs/guides/connect-a-provider.md): its shape (an
+    inline secret is refused without being repeated), an adapter kind or factory that does
+    not resolve, a missing base URL, an option its adapter does not read, a credential whose
+    environment variable is not set or whose file is missing (``gateway.E111``); then the
+    adapter of each loaded contract of the provider, built once, no call made
+    (``gateway.E112``); and an entry no loaded contract uses (``gateway.W111``)."""
+    messages: list[CheckMessage] = []
+    used = {contract.provider for contract in CONTRACTS.values()}
+    for name, raw in settings.GATEWAY_PROVIDERS.items():
+        problems = config.entry_problems(name, raw)
+        messages += [
+            Error(problem, hint=PROVIDERS_HINT, id=PROVIDER_INVALID) for problem in problems
+        ]
+        if not problems:
+            for contract in CONTRACTS.values():
+                failed = registry.check_build(contract) if contract.provider == name else ""
+                if failed:
+                    messages.append(
+                        Error(
+                            f"provider {name!r}: the adapter for {contract.type} cannot be "
+                            f"built: {failed}",
+                            hint=PROVIDERS_HINT,
+                            id=PROVIDER_BUILD_FAILED,
+                        )
+                    )
+        if name not in used:
+            messages.append(
+                Warning(
+                    f"provider {name!r} is configured in GATEWAY_PROVIDERS, but no loaded "
+                    "contract sends to it",
+                    hint="check the name against the contracts' providers "
+                    "(GET /api/v1/effect-types)",
+                    id=PROVIDER_UNUSED,
+                )
+            )
     return messages

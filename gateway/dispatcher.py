@@ -478,6 +478,7 @@ class _Drainer:
         self.pool.give(slots - len(batch.claims))
         self.last_claim, self.last_full = time.monotonic(), batch.picked == slots
         if batch.claims:
+            services.attempts_note_sender(batch.claims)  # before any of them is sent
             failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
         for claim in batch.claims:
             services.log_claimed(claim, worker=self.worker)

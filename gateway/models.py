@@ -440,6 +440,11 @@ class Attempt(models.Model):
     error = models.TextField(blank=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Who sent it (gateway.providers.registry.Sender): the adapter kind or factory, and the
+    # credential's fingerprint (never the credential). NULL: the SPEC §6 adapter without a
+    # credential (or an attempt from before these were recorded).
+    adapter = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    credential_fingerprint = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         constraints = [

@@ -6,7 +6,7 @@ from django.db.models import Prefetch, QuerySet
 
 from gateway.choices import OPERATOR_ROLES
 from gateway.errors import NotFound
-from gateway.models import Effect, EffectEvent, Principal, Receipt
+from gateway.models import Attempt, Effect, EffectEvent, Principal, Receipt
 
 # Correlation ids on a command's context that ?context.<key>= filters on.
 CONTEXT_FILTERS = ("runtime", "session_id", "run_id", "call_id", "thread_id", "agent")
@@ -65,6 +65,10 @@ def effects_filtered(
 
 def effect_events(effect: Effect) -> QuerySet[EffectEvent]:
     return effect.events.select_related("principal").order_by("id")
+
+
+def effect_attempts(effect: Effect) -> QuerySet[Attempt]:
+    return effect.attempts.order_by("number")
 
 
 def effect_latest_receipt(effect: Effect):

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from gateway import audit, capabilities, fastpath, hooks, ledger, moves, submission
@@ -63,7 +64,7 @@ from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import seal_bound
 from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
-from gateway.providers.registry import adapter_for
+from gateway.providers.registry import adapter_for, sender_of
 from gateway.sweep import dispatch_sweep as dispatch_sweep
 
 logger = logging.getLogger(__name__)
@@ -580,6 +581,9 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             worker=worker,
             state=AttemptState.SENDING,
             started_at=now,
+            # Which adapter and credential send it; building the adapter here (once per
+            # process) means one that cannot be built leaves nothing claimed.
+            **attempt_sender_fields(effect.type),
         )
     return Claim(
         effect_id=effect_id,
@@ -805,6 +809,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if claim is None:
         return None
     log_claimed(claim, worker=worker)
+    attempts_note_sender([claim])
     moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     sent = fast_send(claim)
@@ -826,6 +831,34 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         fast_record_general(claim, sent.result, worker=worker)
     failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
     return True
+
+
+def attempt_sender_fields(effect_type: str) -> dict[str, str | None]:
+    """The attempt's ``adapter`` and ``credential_fingerprint`` for an effect of this type
+    (gateway.providers.registry.Sender; NULL for the SPEC §6 adapter without a credential)."""
+    contract = get_contract(effect_type)
+    return sender_of(contract).attempt_fields() if contract else {}
+
+
+def attempts_note_sender(claims: Iterable[fastpath.FastClaim]) -> None:
+    """Write the sender (adapter, credential fingerprint) on fast claims' attempts, which the
+    claim statement leaves NULL: one UPDATE per type whose sender is not the default, none
+    at all on the default's hot path. A separate statement after the claim's commit, so the
+    claim and the record are what they were; an attempt it fails to mark keeps NULL."""
+    by_type: dict[str, list[int]] = {}
+    for claim in claims:
+        by_type.setdefault(claim.type, []).append(claim.attempt_id)
+    for type_, attempt_ids in by_type.items():
+        try:
+            fields = attempt_sender_fields(type_)
+        except Exception:  # the send builds the adapter again and fails as it always did
+            continue
+        if fields.get("adapter") is None:
+            continue
+        try:
+            Attempt.objects.filter(pk__in=attempt_ids).update(**fields)
+        except DatabaseError:
+            logger.warning("attempt sender not recorded", extra={"effect_type": type_})
 
 
 @dataclass(frozen=True)

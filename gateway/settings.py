@@ -8,6 +8,7 @@ and CI set ``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis) to th
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import effect_gateway_client
@@ -443,6 +444,17 @@ GATEWAY_PROVIDER_URLS: dict[str, str] = {
         doc="JSON: provider name → base URL of a server speaking the provider protocol.",
     ),
 }
+# Providers as real systems (gateway.providers.config): provider name -> {"adapter", "base_url",
+# "timeout", "credential": {"env": NAME} | {"file": PATH}, "options"}. Checked at start-up
+# (manage.py check, gateway.checks); a provider it does not name keeps GATEWAY_PROVIDER_URLS.
+GATEWAY_PROVIDERS: dict[str, Any] = env_json_object(
+    "GATEWAY_PROVIDERS",
+    shown="none: every provider speaks the provider protocol at its `GATEWAY_PROVIDER_URLS` entry",
+    doc='JSON: provider name → `{"adapter", "base_url", "timeout", "credential", "options"}` '
+    "(docs/guides/connect-a-provider.md). `adapter`: `http`, `stripe`, `rest` or a factory's "
+    'dotted path; `credential`: `{"env": "NAME"}` or `{"file": "/path"}`, never the secret '
+    "itself. Overrides a contract module's adapter for the providers it names.",
+)
 # HMAC secrets of POST /hooks/providers/{name}: JSON object, provider name -> secret.
 GATEWAY_WEBHOOK_SECRETS: dict[str, str] = env_json_object(
     "GATEWAY_WEBHOOK_SECRETS",

@@ -11,7 +11,7 @@ from gateway.agent_hooks.models import ToolCallOutcome
 from gateway.choices import EffectStatus
 from gateway.contracts import get_contract
 from gateway.integrity import ShownPayload, payload_to_show
-from gateway.models import Capability, Effect, EffectEvent, Receipt
+from gateway.models import Attempt, Capability, Effect, EffectEvent, Receipt
 from gateway.tokens import MAX_EXPIRES_IN
 
 # NOTE: a few fields are named like attributes of DRF's Field (``context``, ``required``,
@@ -333,6 +333,28 @@ class ToolUseSerializer(serializers.ModelSerializer):
             "status",
             "failed",
             "recorded_at",
+        ]
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    """One dispatch try, with who sent it: the adapter and the credential's fingerprint
+    (``sha256:`` + 12 hex digits of its SHA-256, and its last 4 characters), never the
+    credential. ``adapter`` null: the SPEC §6 adapter without a credential."""
+
+    class Meta:
+        model = Attempt
+        fields = [
+            "number",
+            "fence",
+            "state",
+            "outcome",
+            "http_status",
+            "provider_operation_id",
+            "error",
+            "started_at",
+            "finished_at",
+            "adapter",
+            "credential_fingerprint",
         ]
 
 

@@ -26,6 +26,7 @@ from gateway.api.auth import principal_of
 from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import (
     ApproveSerializer,
+    AttemptSerializer,
     CapabilityGrantSerializer,
     CapabilitySerializer,
     CommandSubmitSerializer,
@@ -211,6 +212,14 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         effect = self.get_object()
         uses = agent_hooks_selectors.effect_tool_uses(effect)
         return Response(ToolUseSerializer(uses, many=True).data)
+
+    @extend_schema(responses=AttemptSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def attempts(self, request, pk=None):
+        """The effect's dispatch attempts, oldest first, each with the adapter and the
+        credential fingerprint that sent it."""
+        effect = self.get_object()
+        return Response(AttemptSerializer(selectors.effect_attempts(effect), many=True).data)
 
     @extend_schema(request=ApproveSerializer, responses=EffectSerializer)
     @action(detail=True, methods=["post"])

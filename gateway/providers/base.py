@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -85,11 +86,16 @@ class ProviderAdapter(Protocol):
 
 @dataclass(frozen=True)
 class ProviderConfig:
-    """What an adapter factory is built from: the provider's name, its base URL (from
-    ``GATEWAY_PROVIDER_URLS``; "" when none is configured), the call timeout in seconds, and
-    the contract whose effects it will send (its completion statuses, its lookups)."""
+    """What an adapter factory is built from: the provider's name, its base URL (its
+    ``GATEWAY_PROVIDERS`` entry's, else its ``GATEWAY_PROVIDER_URLS`` entry; "" when none is
+    configured), the call timeout in seconds, the contract whose effects it will send (its
+    completion statuses, its lookups), and from ``GATEWAY_PROVIDERS``: the credential read
+    from where the entry says it is kept ("" for none; never in a repr, so never in a log) and
+    the adapter's options."""
 
     name: str
     base_url: str
     timeout: float
     contract: EffectContract
+    credential: str = field(default="", repr=False)
+    options: Mapping[str, Any] = field(default_factory=dict)

@@ -43,6 +43,7 @@ from gateway.providers.base import (
     ExecuteRequest,
     LookupResult,
     LookupStatus,
+    ProviderConfig,
     ProviderOperation,
 )
 
@@ -590,10 +591,19 @@ class HttpProviderAdapter:
     """Speaks SPEC §6 to one provider base URL."""
 
     def __init__(
-        self, base_url: str, *, completion_statuses: frozenset[str] = frozenset({"succeeded"})
+        self,
+        base_url: str,
+        *,
+        completion_statuses: frozenset[str] = frozenset({"succeeded"}),
+        credential: str = "",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.completion_statuses = completion_statuses
+        # Sent as a bearer token on every call when configured (GATEWAY_PROVIDERS).
+        self._auth = {"Authorization": f"Bearer {credential}"} if credential else {}
+
+    def __repr__(self) -> str:
+        return f"HttpProviderAdapter({self.base_url!r})"  # never the credential
 
     def execute(self, request: ExecuteRequest) -> CallResult:
         body = {
@@ -606,6 +616,7 @@ class HttpProviderAdapter:
             "Content-Type": "application/json",
             "Idempotency-Key": request.idempotency_key,
             "X-Effect-Id": request.effect_id,
+            **self._auth,
         }
         try:
             response = _client().request(
@@ -657,7 +668,9 @@ class HttpProviderAdapter:
         else:
             path = "/operations?" + urlencode({"idempotency_key": idempotency_key})
         try:
-            response = _client().request(self.base_url, "GET", path, headers={}, timeout=timeout)
+            response = _client().request(
+                self.base_url, "GET", path, headers=dict(self._auth), timeout=timeout
+            )
         except _NotSent as exc:
             return LookupResult(LookupStatus.UNREACHABLE, error=_describe(exc.cause))
         except _ExchangeFailed as exc:
@@ -681,3 +694,15 @@ class HttpProviderAdapter:
 def _json_body(body: dict[str, Any]) -> bytes:
     # Compact, UTF-8 and without NaN, byte for byte what httpx's ``json=`` sent.
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def from_config(config: ProviderConfig) -> HttpProviderAdapter:
+    """The SPEC §6 adapter of a ``GATEWAY_PROVIDERS`` entry (``"adapter": "http"``); its
+    credential, if any, goes as a bearer token."""
+    if not config.base_url:
+        raise ValueError(f"provider {config.name!r} has no base URL")
+    return HttpProviderAdapter(
+        config.base_url,
+        completion_statuses=config.contract.completion_statuses,
+        credential=config.credential,
+    )

@@ -54,6 +54,7 @@ from urllib.parse import urlsplit
 import requests
 import stripe
 import urllib3.exceptions
+from django.conf import settings
 
 from gateway.choices import Outcome
 from gateway.contracts import EffectContract
@@ -62,9 +63,10 @@ from gateway.providers.base import (
     ExecuteRequest,
     LookupResult,
     LookupStatus,
+    ProviderConfig,
     ProviderOperation,
 )
-from gateway.providers.http import classify_operation
+from gateway.providers.http import classify_operation, retry_after
 
 CHARGE_TYPE = "billing.charge.create"
 REFUND_TYPE = "billing.refund.create"
@@ -87,6 +89,13 @@ _CLOCK_SKEW = timedelta(hours=1)
 
 # The timeout of the call in progress on this thread (the SDK's client has one fixed timeout).
 _call_timeout: ContextVar[float | None] = ContextVar("stripe_call_timeout", default=None)
+# The status and headers of the last answer on this thread, for an answer the SDK cannot read.
+_last_answer: ContextVar[tuple[int, Mapping[str, str]] | None] = ContextVar(
+    "stripe_last_answer", default=None
+)
+# What the SDK raises (beyond StripeError) on an answer it cannot read: an error body that is
+# not Stripe's shape, from a proxy or a load balancer in front of the API.
+_UNREADABLE = (AttributeError, KeyError, TypeError, ValueError)
 
 
 class _Session(requests.Session):
@@ -104,7 +113,10 @@ class _Session(requests.Session):
             kwargs["timeout"] = (min(timeout, _CONNECT_TIMEOUT), timeout)
         if self.ca_bundle and kwargs.get("verify") is not False:
             kwargs["verify"] = self.ca_bundle
-        return super().request(method, url, *args, **kwargs)
+        _last_answer.set(None)
+        response = super().request(method, url, *args, **kwargs)
+        _last_answer.set((response.status_code, response.headers))
+        return response
 
 
 @contextlib.contextmanager
@@ -191,14 +203,15 @@ def classify_error(exc: stripe.StripeError) -> CallResult:
             error=error,
         )
     if isinstance(exc, stripe.RateLimitError) or (status == 409 and code in _CONFLICT_NOT_EXECUTED):
-        retry_after = _header(exc, "retry-after")
-        later = f"; Retry-After: {retry_after}" if retry_after else ""
+        wait = _header(exc, "retry-after")
+        later = f"; Retry-After: {wait}" if wait else ""
         return CallResult(
             Outcome.NOT_STARTED,
             f"Stripe turned it away for now (HTTP {status}{', ' + code if code else ''}): "
             f"nothing was executed; sent again later with the same key{later}",
             http_status=status,
             error=error,
+            retry_after=retry_after(wait),
         )
     if isinstance(exc, stripe.AuthenticationError | stripe.PermissionError):
         return CallResult(
@@ -227,6 +240,20 @@ def classify_error(exc: stripe.StripeError) -> CallResult:
         f"HTTP {status} from Stripe after the request was sent",
         http_status=status,
         error=error,
+    )
+
+
+def _unreadable_answer(exc: BaseException) -> CallResult:
+    """An answer the SDK could not read (not Stripe's error shape): the request was sent and
+    answered, so it may have been executed — UNKNOWN, settled by a lookup."""
+    answer = _last_answer.get()
+    status, headers = answer if answer is not None else (None, {})
+    return CallResult(
+        Outcome.UNKNOWN,
+        f"an answer Stripe's SDK could not read (HTTP {status}) after the request was sent",
+        http_status=status,
+        error=_describe(exc),
+        retry_after=retry_after(headers.get("Retry-After")),
     )
 
 
@@ -298,6 +325,9 @@ class StripeAdapter:
         self._pid = 0
         self._client: stripe.StripeClient | None = None
 
+    def __repr__(self) -> str:
+        return f"StripeAdapter({self.api_base!r})"  # never the key
+
     @property
     def client(self) -> stripe.StripeClient:
         """This process's client. One made before a fork is not reused after it: its pooled
@@ -348,6 +378,8 @@ class StripeAdapter:
                 obj = create(params=params, options={"idempotency_key": key})
             except stripe.StripeError as exc:
                 return classify_error(exc)
+            except _UNREADABLE as exc:
+                return _unreadable_answer(exc)
         return classify_operation(
             operation_of(obj),
             expected_digest=request.payload_digest,
@@ -385,11 +417,12 @@ class StripeAdapter:
             charge = self.client.v1.charges.retrieve(str(charge_id))
         except stripe.InvalidRequestError as exc:
             return None, classify_error(exc)
-        except stripe.StripeError as exc:
+        except (stripe.StripeError, *_UNREADABLE) as exc:
+            status = exc.http_status if isinstance(exc, stripe.StripeError) else None
             return None, CallResult(
                 Outcome.NOT_STARTED,
                 f"could not read charge {charge_id} before refunding it: nothing was written",
-                http_status=exc.http_status,
+                http_status=status,
                 error=_describe(exc.__cause__ or exc),
             )
         currency = str(payload["currency"]).lower()
@@ -436,6 +469,8 @@ class StripeAdapter:
             )
         except stripe.StripeError as exc:
             return _unreachable(exc)
+        except _UNREADABLE as exc:  # an answer that is not Stripe's: it proves nothing
+            return LookupResult(LookupStatus.UNREACHABLE, error=_describe(exc))
         return LookupResult(LookupStatus.FOUND, operation=operation_of(obj), http_status=200)
 
     def _lookup_by_key(self, key: str) -> LookupResult:
@@ -454,6 +489,8 @@ class StripeAdapter:
                 matches, complete = self._scan(list_page, key, since)
             except stripe.StripeError as exc:
                 return _unreachable(exc)
+            except _UNREADABLE as exc:  # an answer that is not Stripe's: it proves nothing
+                return LookupResult(LookupStatus.UNREACHABLE, error=_describe(exc))
             if not complete:
                 return LookupResult(
                     LookupStatus.UNREACHABLE,
@@ -492,4 +529,23 @@ def _unreachable(exc: stripe.StripeError) -> LookupResult:
         LookupStatus.UNREACHABLE,
         http_status=exc.http_status,
         error=_describe(exc.__cause__ or exc) if exc.http_status is None else str(exc),
+    )
+
+
+def from_config(config: ProviderConfig) -> StripeAdapter:
+    """The Stripe adapter of a ``GATEWAY_PROVIDERS`` entry (``"adapter": "stripe"``): the
+    entry's base URL as the API base, its credential as the secret key, and its options
+    ``default_source`` (a source for charges whose payload names none, e.g. ``tok_visa`` in
+    test mode), ``charge_customer`` and ``lookup_max_pages``. TLS is verified against
+    ``GATEWAY_PROVIDER_CA_BUNDLE`` when one is set."""
+    options = config.options
+    return StripeAdapter(
+        api_base=config.base_url,
+        api_key=config.credential,
+        timeout=config.timeout,
+        contract=config.contract,
+        default_source=str(options.get("default_source", "")),
+        charge_customer=bool(options.get("charge_customer", False)),
+        ca_bundle=settings.GATEWAY_PROVIDER_CA_BUNDLE or None,
+        lookup_max_pages=int(options.get("lookup_max_pages", 10)),
     )

@@ -61,6 +61,7 @@ ENDPOINTS = [
     Endpoint("get", "get", "/api/v1/effects/{id}", ANY),
     Endpoint("events", "get", "/api/v1/effects/{id}/events", ANY),
     Endpoint("tool uses", "get", "/api/v1/effects/{id}/tool-uses", ANY),
+    Endpoint("attempts", "get", "/api/v1/effects/{id}/attempts", ANY),
     Endpoint("reconciliations", "get", "/api/v1/effects/{id}/reconciliations", ANY),
     Endpoint(
         "approve",

@@ -1,8 +1,8 @@
 """stripe-stateful-mock, the Stripe-compatible server the Stripe adapter is tested against, run
 as a child process on a free loopback port.
 
-The server is an npm package pinned in ``tests/providers/stripe_server/package.json`` and its
-lock file; ``npm ci`` installs it into ``tests/providers/stripe_server/node_modules``
+The server is an npm package pinned in ``scripts/stripe_server/package.json`` and its
+lock file (the demo runs it too); ``npm ci`` installs it into its ``node_modules``
 (gitignored) the first time, under a lock so that parallel test workers install it once.
 """
 
@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-SERVER_DIR = Path(__file__).parent / "stripe_server"
+SERVER_DIR = Path(__file__).resolve().parents[2] / "scripts" / "stripe_server"
 ENTRY = SERVER_DIR / "node_modules" / "stripe-stateful-mock" / "dist" / "autostart.js"
 API_KEY = "sk_test_effect_gateway"  # the mock accepts any key that starts with sk_test_
 

@@ -150,6 +150,34 @@ def test_provider_check_passes_the_sandbox(sandbox_url):
     assert len(rows) == 12 and {result for _, result in rows} == {"PASS"}, done.stdout
 
 
+def test_provider_check_takes_a_gateway_providers_entry(sandbox_url):
+    """The entry's URL is the server's; its adapter (with its credential) is pointed at the
+    proxy, and its own long timeout is left to the kit's, or the slow cases could not fail."""
+    entry = {
+        "adapter": "http",
+        "base_url": f"{sandbox_url}/tickets",
+        "timeout": 25,
+        "credential": {"env": "TEST_TICKETS_TOKEN"},
+    }
+    env = {
+        **CHILD_ENV,
+        "GATEWAY_PROVIDERS": json.dumps({"tickets": entry}),
+        "TEST_TICKETS_TOKEN": "tickets-token-for-the-check",
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "provider_check", "tickets", "--timeout", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == f"tickets (ticket.create) at {sandbox_url}/tickets"
+    rows = [line.split()[:2] for line in done.stdout.splitlines()[2:]]
+    assert len(rows) == 12 and {result for _, result in rows} == {"PASS"}, done.stdout
+
+
 def test_provider_check_fails_a_broken_adapter_and_exits_1(sandbox_url):
     adapter = "tests.providers.conformance_adapters.TimeoutIsNotStarted"
     cases = ["--case", "timeout", "--case", "drop_after_commit"]

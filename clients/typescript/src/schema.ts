@@ -276,6 +276,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/effects/{id}/attempts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The effect's dispatch attempts, oldest first, each with the adapter and the
+         *     credential fingerprint that sent it.
+         */
+        get: operations["v1_effects_attempts_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/effects/{id}/cancel": {
         parameters: {
             query?: never;
@@ -771,6 +791,44 @@ export interface components {
             payload_digest: string;
             comment?: string;
         };
+        /**
+         * @description One dispatch try, with who sent it: the adapter and the credential's fingerprint
+         *     (``sha256:`` + 12 hex digits of its SHA-256, and its last 4 characters), never the
+         *     credential. ``adapter`` null: the SPEC §6 adapter without a credential.
+         */
+        Attempt: {
+            number: number;
+            /** Format: int64 */
+            fence: number;
+            state: components["schemas"]["AttemptStateEnum"];
+            outcome: components["schemas"]["AttemptOutcomeEnum"] | components["schemas"]["BlankEnum"];
+            http_status: number | null;
+            provider_operation_id: string;
+            error: string;
+            /** Format: date-time */
+            started_at: string;
+            /** Format: date-time */
+            finished_at: string | null;
+            adapter: string | null;
+            credential_fingerprint: string | null;
+        };
+        /**
+         * @description * `confirmed` - Confirmed
+         *     * `in_progress` - In Progress
+         *     * `not_started` - Not Started
+         *     * `unknown` - Unknown
+         *     * `rejected` - Rejected
+         * @enum {string}
+         */
+        AttemptOutcomeEnum: "confirmed" | "in_progress" | "not_started" | "unknown" | "rejected";
+        /**
+         * @description * `sending` - Sending
+         *     * `finished` - Finished
+         *     * `stale` - Stale
+         *     * `abandoned` - Abandoned
+         * @enum {string}
+         */
+        AttemptStateEnum: "sending" | "finished" | "stale" | "abandoned";
         /** @enum {unknown} */
         BlankEnum: "";
         CancelRequest: {
@@ -1063,6 +1121,19 @@ export interface components {
             rotated_from: string;
             /** @description The clear token, shown only once. */
             readonly token: string;
+        };
+        PaginatedAttemptList: {
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
+             */
+            next: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
+             */
+            previous: string | null;
+            results: components["schemas"]["Attempt"][];
         };
         PaginatedCapabilityList: {
             /**
@@ -3257,6 +3328,79 @@ export interface operations {
             };
             /** @description Send application/json. */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Rate limited: retry after Retry-After seconds, with the same Idempotency-Key. */
+            429: {
+                headers: {
+                    /** @description Seconds to wait. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    v1_effects_attempts_list: {
+        parameters: {
+            query?: {
+                /** @description The pagination cursor value. */
+                cursor?: string;
+                /** @description Number of results to return per page. */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaginatedAttemptList"];
+                };
+            };
+            /** @description The request is not valid: problem.errors names each field (validation-error, malformed-request). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No token, or a token that is unknown, revoked or expired. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The principal's role, grants or a freeze do not allow this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Nothing of this id in the caller's tenant. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

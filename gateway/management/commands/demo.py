@@ -7,6 +7,11 @@ child, SIGKILL to whatever is left of its group after a grace period. With no DA
 CELERY_BROKER_URL, ``manage.py`` has started the embedded PostgreSQL and Valkey before this
 command runs and stops them after it (``gateway.embedded``).
 
+With ``--providers real``, billing goes to Stripe instead: a stripe-stateful-mock server (an
+npm package pinned in ``scripts/stripe_server/``, installed with ``npm ci`` on first use) runs
+as a fifth child, and the children get a ``GATEWAY_PROVIDERS`` entry that routes the billing
+provider to it through the Stripe adapter (``real_providers``).
+
 Quiet by default: one line per effect or saga state change (``--verbose`` for everything).
 The sandbox keeps its operations in ``var/sandbox.json``, so a restart does not make the
 reconciler think a committed operation was never received. Each principal keeps its token
@@ -16,13 +21,16 @@ across restarts (``var/demo-tokens.json``); the banner is also written to ``var/
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -72,6 +80,13 @@ DEMO_COMMAND = {
     "expires_in": 300,
 }
 
+# --providers real: stripe-stateful-mock, a Stripe-compatible server (a development tool the
+# product does not ship), and the test-mode key the demo gives the Stripe adapter.
+STRIPE_SERVER_DIR = ROOT / "scripts" / "stripe_server"
+STRIPE_ENTRY = STRIPE_SERVER_DIR / "node_modules" / "stripe-stateful-mock" / "dist" / "autostart.js"
+STRIPE_KEY_ENV = "DEMO_STRIPE_SECRET_KEY"
+STRIPE_TEST_KEY = "sk_test_effect_gateway_demo"  # the mock takes any sk_test_ key
+
 
 @dataclass
 class Child:
@@ -80,6 +95,7 @@ class Child:
     name: str
     argv: list[str]
     colour: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # this child's own, over the shared
     process: subprocess.Popen[bytes] | None = None
     relay: threading.Thread | None = None
 
@@ -142,6 +158,16 @@ class Command(BaseCommand):
         parser.add_argument("--sandbox-port", type=int, default=8765, help="sandbox provider port")
         parser.add_argument("--no-seed", action="store_true", help="skip the demo tenant")
         parser.add_argument(
+            "--providers",
+            choices=["sandbox", "real"],
+            default="sandbox",
+            help="'sandbox' (default): every provider on the sandbox; 'real': billing on "
+            "Stripe (stripe-stateful-mock, needs node), the others on the sandbox",
+        )
+        parser.add_argument(
+            "--stripe-port", type=int, default=12111, help="the Stripe server's port (real)"
+        )
+        parser.add_argument(
             "--scenario",
             choices=["incidents", "none"],
             default="incidents",
@@ -163,32 +189,55 @@ class Command(BaseCommand):
         host, port, sandbox_port = options["host"], options["port"], options["sandbox_port"]
         self.colour = options["force_color"] or (supports_color() and not options["no_color"])
         self.output_lock = threading.Lock()
+        real = options["providers"] == "real"
+        stripe_url = f"http://127.0.0.1:{options['stripe_port']}"
 
-        ensure_ports_free([(host, port), ("127.0.0.1", sandbox_port)])
+        ensure_ports_free(
+            [(host, port), ("127.0.0.1", sandbox_port)]
+            + ([("127.0.0.1", options["stripe_port"])] if real else [])
+        )
+        if real:
+            self.stdout.write(f"==> billing on Stripe: stripe-stateful-mock at {stripe_url}")
+            ensure_stripe_server()
         self.stdout.write(f"==> {describe_servers()}")
         self.prepare_database()
         tokens = {} if options["no_seed"] else self.seed_demo_tenant()
 
         children = build_children(host, port, sandbox_port, verbose=options["verbose"])
+        if real:
+            children.insert(0, stripe_child(options["stripe_port"], verbose=options["verbose"]))
         for index, child in enumerate(children):
             child.colour = COLOURS[index % len(COLOURS)] if self.colour else ""
         base = f"http://{browser_host(host)}:{port}/"
         sandbox_url = f"http://127.0.0.1:{sandbox_port}"
-        health_urls = [f"{base}healthz", f"{sandbox_url}/_health"]
+        health_urls: list[str | urllib.request.Request] = [
+            f"{base}healthz",
+            f"{sandbox_url}/_health",
+        ]
+        if real:
+            health_urls.append(stripe_health(stripe_url))
 
         stop = StopSignal()
         restore = install_signal_handlers(stop)
         try:
             env = child_environment(sandbox_port, verbose=options["verbose"])
+            if real:
+                env.update(real_providers_environment(stripe_url))
             for child in children:
                 start_child(child, env, self.emit)
             wait_until_healthy(children, health_urls, stop)
             scenario = None
-            if tokens and options["scenario"] == "incidents" and not stop.requested.is_set():
+            if real:  # its faults are the sandbox's billing faults: billing is on Stripe
+                scenario = "incidents not seeded: billing is on Stripe (--providers real)"
+            elif tokens and options["scenario"] == "incidents" and not stop.requested.is_set():
                 scenario = self.seed_incidents(base, sandbox_url, tokens, children, stop)
             if not stop.requested.is_set():
                 self.print_banner(
-                    base, tokens, scenario=scenario, seconds=time.monotonic() - started
+                    base,
+                    tokens,
+                    scenario=scenario,
+                    seconds=time.monotonic() - started,
+                    stripe_url=stripe_url if real else None,
                 )
                 if not options["check"]:
                     supervise(children, stop)
@@ -266,11 +315,22 @@ class Command(BaseCommand):
             self.stdout.flush()
 
     def print_banner(
-        self, base: str, tokens: dict[str, str], *, scenario: str | None, seconds: float
+        self,
+        base: str,
+        tokens: dict[str, str],
+        *,
+        scenario: str | None,
+        seconds: float,
+        stripe_url: str | None = None,
     ) -> None:
         """Tell the operator where everything is and how to submit a first command; the same
         text goes to var/demo.txt, to find it again once the logs have scrolled it away."""
         lines = banner_lines(base, tokens, scenario=scenario, seconds=seconds)
+        if stripe_url:
+            lines[3:3] = [
+                f"  Stripe     {stripe_url}  (stripe-stateful-mock; billing's charges and",
+                f"             refunds: curl -u {STRIPE_TEST_KEY}: {stripe_url}/v1/refunds)",
+            ]
         path = var_dir() / "demo.txt"
         write_private(path, "\n".join(lines) + "\n")
         bold = (lambda text: f"\033[1m{text}{RESET}") if self.colour else (lambda text: text)
@@ -427,6 +487,64 @@ def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) ->
     ]
 
 
+def real_providers(stripe_url: str) -> dict[str, Any]:
+    """``GATEWAY_PROVIDERS`` of ``--providers real``: billing on Stripe at ``stripe_url``, with
+    the test-mode key from ``DEMO_STRIPE_SECRET_KEY`` and ``tok_visa`` as the card of charges
+    that name none. (Mail over SMTP gets its entry here once its adapter exists.)"""
+    return {
+        "billing": {
+            "adapter": "stripe",
+            "base_url": stripe_url,
+            "credential": {"env": STRIPE_KEY_ENV},
+            "options": {"default_source": "tok_visa"},
+        },
+    }
+
+
+def real_providers_environment(stripe_url: str) -> dict[str, str]:
+    """The children's variables for ``--providers real``: ``GATEWAY_PROVIDERS`` (entries the
+    environment already has win over the demo's) and the Stripe key (ours unless set)."""
+    configured = json.loads(os.environ.get("GATEWAY_PROVIDERS") or "{}")
+    return {
+        "GATEWAY_PROVIDERS": json.dumps({**real_providers(stripe_url), **configured}),
+        STRIPE_KEY_ENV: os.environ.get(STRIPE_KEY_ENV) or STRIPE_TEST_KEY,
+    }
+
+
+def ensure_stripe_server() -> None:
+    """Install stripe-stateful-mock (``npm ci`` in scripts/stripe_server/, the pinned version
+    and its lock file) unless it is there; under a lock, so two installs never overlap."""
+    if shutil.which("node") is None:
+        raise CommandError("--providers real needs node (stripe-stateful-mock is a node server)")
+    if STRIPE_ENTRY.exists():
+        return
+    if shutil.which("npm") is None:
+        raise CommandError("--providers real needs npm once, to install stripe-stateful-mock")
+    # The lock the tests' own install of the server takes too (tests/providers/stripe_mock.py).
+    with open(Path(tempfile.gettempdir()) / "effect-gateway-stripe-mock-npm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not STRIPE_ENTRY.exists():
+            subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=STRIPE_SERVER_DIR,
+                check=True,
+                timeout=300,
+            )
+
+
+def stripe_child(port: int, *, verbose: bool) -> Child:
+    """stripe-stateful-mock on loopback ``port``, beside the sandbox."""
+    level = "info" if verbose else "warn"
+    return Child("stripe", ["node", str(STRIPE_ENTRY)], env={"PORT": str(port), "LOG_LEVEL": level})
+
+
+def stripe_health(stripe_url: str) -> urllib.request.Request:
+    """The Stripe server's readiness probe: its root answers 200 to an authenticated GET."""
+    return urllib.request.Request(
+        f"{stripe_url}/", headers={"Authorization": f"Bearer {STRIPE_TEST_KEY}"}
+    )
+
+
 def child_environment(sandbox_port: int, *, verbose: bool) -> dict[str, str]:
     """The children's environment: ours, unbuffered, pointed at the sandbox we start, and
     quiet unless --verbose (one text line per effect or saga state change)."""
@@ -454,7 +572,7 @@ def start_child(child: Child, env: dict[str, str], emit: Callable[[str, str, str
     child.process = subprocess.Popen(
         child.argv,
         cwd=ROOT,
-        env=env,
+        env={**env, **child.env},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -504,7 +622,9 @@ def check_children(children: list[Child]) -> None:
             raise ChildExited(child)
 
 
-def wait_until_healthy(children: list[Child], urls: list[str], stop: StopSignal) -> None:
+def wait_until_healthy(
+    children: list[Child], urls: list[str | urllib.request.Request], stop: StopSignal
+) -> None:
     """Poll each health URL until it answers 200; fail if a child dies or time runs out."""
     deadline = time.monotonic() + HEALTH_TIMEOUT
     for url in urls:
@@ -513,7 +633,8 @@ def wait_until_healthy(children: list[Child], urls: list[str], stop: StopSignal)
             if answers_ok(url):
                 break
             if time.monotonic() > deadline:
-                raise CommandError(f"{url} did not answer 200 within {HEALTH_TIMEOUT:.0f}s")
+                where = url.full_url if isinstance(url, urllib.request.Request) else url
+                raise CommandError(f"{where} did not answer 200 within {HEALTH_TIMEOUT:.0f}s")
             stop.requested.wait(POLL)
 
 
@@ -521,7 +642,7 @@ def wait_until_healthy(children: list[Child], urls: list[str], stop: StopSignal)
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def answers_ok(url: str) -> bool:
+def answers_ok(url: str | urllib.request.Request) -> bool:
     """True when a GET of `url` answers 200 within two seconds."""
     try:
         with _DIRECT.open(url, timeout=2) as response:

@@ -1,12 +1,14 @@
 """``manage.py provider_check PROVIDER``: the conformance fault matrix against a configured
 provider, through the kit's fault proxy (docs/guides/provider-conformance.md).
 
-The provider's base URL is its ``GATEWAY_PROVIDER_URLS`` entry; its adapter is the one the
-gateway uses for it (or ``--adapter``), pointed at the fault proxy; the sample command is the
-example of its contract (``--type``, else its first). The oracle is the server's own records,
-read by a driver: the sandbox's is built in (found by its ``/_health``); any other server
-needs ``--driver``. Every case sends real commands: run it against a test server. Prints a
-table of cases with PASS / FAIL / SKIP and exits 1 when a case fails.
+The provider's base URL is its ``GATEWAY_PROVIDERS`` entry's, else its
+``GATEWAY_PROVIDER_URLS`` entry; its adapter is the one the gateway uses for it, with its
+credential and options (or ``--adapter``), pointed at the fault proxy with the kit's
+timeout; the sample command is the example of its contract (``--type``, else its first). The
+oracle is the server's own records, read by a driver: the sandbox's is built in (found by its
+``/_health``); any other server needs ``--driver``. Every case sends real commands: run it
+against a test server. Prints a table of cases with PASS / FAIL / SKIP and exits 1 when a
+case fails.
 """
 
 from __future__ import annotations
@@ -65,9 +67,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["provider"]
-        base_url = settings.GATEWAY_PROVIDER_URLS.get(name)
+        entry = settings.GATEWAY_PROVIDERS.get(name)
+        configured = entry.get("base_url") if isinstance(entry, dict) else None
+        base_url = configured or settings.GATEWAY_PROVIDER_URLS.get(name)
         if not base_url:
-            raise CommandError(f"no URL for provider {name!r} in GATEWAY_PROVIDER_URLS")
+            raise CommandError(
+                f"no URL for provider {name!r} in GATEWAY_PROVIDERS or GATEWAY_PROVIDER_URLS"
+            )
         contract = _contract(name, options["type"])
         if options["timeout"] <= 0:
             raise CommandError("--timeout must be positive")
@@ -111,9 +117,15 @@ def _adapter_factory(
         return factory
 
     def gateway_adapter(base_url: str) -> ProviderAdapter:
-        # The registry's own choice of adapter, with the provider's URL turned to the proxy.
+        # The registry's own choice of adapter, with the provider's URL turned to the proxy
+        # (and its own timeout left to the kit's, which the slow cases are timed against).
         urls = {**settings.GATEWAY_PROVIDER_URLS, contract.provider: base_url}
-        with override_settings(GATEWAY_PROVIDER_URLS=urls):
+        providers = dict(settings.GATEWAY_PROVIDERS)
+        entry = providers.get(contract.provider)
+        if isinstance(entry, dict):
+            entry = {k: v for k, v in entry.items() if k != "timeout"}
+            providers[contract.provider] = {**entry, "base_url": base_url}
+        with override_settings(GATEWAY_PROVIDER_URLS=urls, GATEWAY_PROVIDERS=providers):
             return adapter_for(contract)
 
     return gateway_adapter

@@ -1,0 +1,121 @@
+"""``make demo DEMO_ARGS="--providers real"``: the demo's Stripe server and its configuration,
+with a real worker. A charge and then its refund submitted through the API go to Stripe
+through the Stripe adapter, and the refund shows up in the Stripe server's own API."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+import stripe
+from django.db import connection
+
+from gateway.celery import app as celery_app
+from gateway.management.commands import demo
+from gateway.models import Attempt, Effect
+from gateway.providers.config import fingerprint
+from tests.support.processes import Celery, new_queue, wait_until
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.worker,
+    pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def stripe_url():
+    """The demo's Stripe child, started and stopped by the demo's own functions."""
+    demo.ensure_stripe_server()
+    port = _free_port()
+    child = demo.stripe_child(port, verbose=False)
+    lines: list[str] = []
+    demo.start_child(child, dict(os.environ), lambda name, colour, line: lines.append(line))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        demo.wait_until_healthy([child], [demo.stripe_health(url)], demo.StopSignal())
+        yield url
+    finally:
+        demo.stop_children([child], demo.StopSignal())
+
+
+@pytest.fixture
+def queue():
+    name = new_queue()
+    previous = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = name
+    yield name
+    celery_app.conf.task_default_queue = previous
+
+
+def settled(effect_id: str) -> Effect:
+    def done() -> bool:
+        connection.close()  # read what the worker committed
+        return Effect.objects.get(pk=effect_id).status not in {"PREPARED", "DISPATCHING"}
+
+    wait_until(done, timeout=60, what=f"{effect_id} dispatched")
+    return Effect.objects.get(pk=effect_id)
+
+
+def test_a_refund_made_in_the_demo_shows_up_in_stripes_own_api(
+    stripe_url, sandbox, agent, queue, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("GATEWAY_PROVIDERS", raising=False)
+    monkeypatch.delenv(demo.STRIPE_KEY_ENV, raising=False)
+    environment = demo.real_providers_environment(stripe_url)
+    worker = Celery("worker", queue, tmp_path / "worker.log", **environment)
+    try:
+        charge = agent.submit(
+            {
+                "type": "billing.charge.create",
+                "resource": {"type": "order", "id": "ord_demo_1"},
+                "payload": {"amount": 4999, "currency": "EUR", "customer_id": "cus_42"},
+                "intent": {"summary": "charge order ord_demo_1"},
+            },
+            "demo-charge-1",
+        )
+        assert charge.status_code == 201, charge.content
+        charged = settled(charge.json()["effect_id"])
+        assert charged.status == "CONFIRMED", worker.output()[-3000:]
+        charge_id = charged.provider_operation_id
+        assert charge_id.startswith("ch_")
+        refund = agent.submit(
+            {
+                "type": "billing.refund.create",
+                "resource": {"type": "order", "id": "ord_demo_1"},
+                "payload": {
+                    "amount": 500,
+                    "currency": "EUR",
+                    "reason": "damaged in transit",
+                    "charge_id": charge_id,
+                },
+                "intent": {"summary": "refund part of ord_demo_1"},
+            },
+            "demo-refund-1",
+        )
+        assert refund.status_code == 201, refund.content
+        refunded = settled(refund.json()["effect_id"])
+        assert refunded.status == "CONFIRMED", worker.output()[-3000:]
+    finally:
+        worker.stop()
+    oracle = stripe.StripeClient(demo.STRIPE_TEST_KEY, base_addresses={"api": stripe_url})
+    refunds = oracle.v1.refunds.list(params={"charge": charge_id}).data
+    assert [(r.id, r.amount, r.status) for r in refunds] == [
+        (refunded.provider_operation_id, 500, "succeeded")
+    ]
+    assert refunds[0].metadata["effect_id"] == refunded.pk
+    assert oracle.v1.charges.retrieve(charge_id).amount_refunded == 500
+    for effect in (charged, refunded):
+        attempt = Attempt.objects.get(effect=effect)
+        assert attempt.adapter == "stripe"
+        assert attempt.credential_fingerprint == fingerprint(demo.STRIPE_TEST_KEY)
+    assert demo.STRIPE_TEST_KEY not in worker.output()
+    assert "Traceback" not in worker.output()
