@@ -2,15 +2,17 @@
 
     .venv/bin/python -m tests.benchmarks.settle_time --effects 200 --concurrency 8
 
-Submits N ticket effects from C threads at once while a real worker (prefork, its drainers
-and wakers; no beat, and the reconciler's sweep an hour apart, so no sweep settles anything)
-sends them to the sandbox provider, which commits every one and drops its answer
-(``commit_then_drop``): each becomes UNKNOWN, with its first lookup due on the contract's
-backoff schedule (``GATEWAY_RECONCILE_BACKOFF``). The provider answers lookups at once, so the
-first lookup would succeed at that due time. Prints, over the effects, how long after that
-due time each was settled (p50, p99, max), and how long after it became UNKNOWN; checks that
-each key is one operation at the provider. Runs on throwaway embedded servers unless
-DATABASE_URL and CELERY_BROKER_URL are set (then it migrates that database).
+Submits N ticket effects from C client threads (each waits for its effect to be settled
+before it submits the next, as an agent does; ``--burst``: all at once) while a real worker
+(prefork, its drainers and wakers; no beat, and the reconciler's sweep an hour apart, so no
+sweep settles anything) sends them to the sandbox provider, which commits every one and
+drops its answer (``commit_then_drop``): each becomes UNKNOWN, with its first lookup due on
+the contract's backoff schedule (``GATEWAY_RECONCILE_BACKOFF``). The provider answers
+lookups at once, so the first lookup would succeed at that due time. Prints, over the
+effects, how long after that due time each was settled (p50, p99, max), and how long after
+it became UNKNOWN; checks that each key is one operation at the provider. Runs on throwaway
+embedded servers unless DATABASE_URL and CELERY_BROKER_URL are set (then it migrates that
+database).
 """
 
 from __future__ import annotations
@@ -73,8 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         time.sleep(args.warmup)  # the pool's children start
         watcher = _DueTimes()
         watcher.start()
-        effect_ids = _submit(run, args.effects, args.concurrency)
-        watcher.ids = set(effect_ids)
+        effect_ids = _submit(run, args.effects, args.concurrency, args.burst)
         settled = _wait_settled(effect_ids, args.timeout)
         watcher.stop()
         return _report(effect_ids, watcher.first_due, settled, sandbox.provider, args, logs)
@@ -91,6 +92,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--backoff", type=float, default=5, help="GATEWAY_RECONCILE_BACKOFF")
     parser.add_argument("--warmup", type=float, default=6, help="seconds for the worker to start")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument(
+        "--burst", action="store_true", help="submit all at once, without waiting for each"
+    )
     return parser.parse_args()
 
 
@@ -101,12 +105,14 @@ def _point_at(sandbox) -> None:
     settings.GATEWAY_PROVIDER_URLS = {name: sandbox.base_url(name) for name in names}
 
 
-def _submit(run: str, effects: int, concurrency: int) -> list[str]:
-    """``effects`` ticket commands of one agent, from ``concurrency`` threads at once."""
+def _submit(run: str, effects: int, concurrency: int, burst: bool) -> list[str]:
+    """``effects`` ticket commands of one agent from ``concurrency`` threads, each of which
+    (as an agent that waits for its effect) waits for its effect to be settled before it
+    submits the next; with ``burst``, without waiting (all UNKNOWN within seconds)."""
     from django.db import connection
 
     from gateway import services
-    from gateway.models import Principal
+    from gateway.models import Effect, Principal
 
     call = {"tenant": "settle", "principal": f"settle-{run}", "role": "agent"}
     from django.core.management import call_command
@@ -116,7 +122,7 @@ def _submit(run: str, effects: int, concurrency: int) -> list[str]:
 
     def submit(index: int) -> str:
         try:
-            return services.command_submit(
+            effect_id = services.command_submit(
                 principal=agent,
                 idempotency_key=f"settle:{run}:{index}",
                 type="ticket.create",
@@ -124,6 +130,12 @@ def _submit(run: str, effects: int, concurrency: int) -> list[str]:
                 payload={"title": f"settle {index}", "priority": "P3"},
                 expires_in=3600,
             ).effect.pk
+            while (
+                not burst
+                and not Effect.objects.filter(pk=effect_id, confirmed_at__isnull=False).exists()
+            ):
+                time.sleep(0.1)
+            return effect_id
         finally:
             connection.close()
 
@@ -137,7 +149,6 @@ class _DueTimes(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.ids: set[str] = set()
         self.first_due: dict[str, datetime] = {}
         self.stopping = threading.Event()
 
@@ -192,8 +203,10 @@ def _report(effect_ids, first_due, settled, provider, args, logs) -> int:
     operations = provider.operations()
     keys = {op["idempotency_key"] for op in operations}
     print(
-        f"settle time: {args.effects} effects at c = {args.concurrency}, commit_then_drop on "
-        f"every send, GATEWAY_RECONCILE_BACKOFF={args.backoff:g}, no beat; logs in {logs}"
+        f"settle time: {args.effects} effects at c = {args.concurrency}"
+        f"{' (a burst)' if args.burst else ' (each client waits for its effect)'}, "
+        f"commit_then_drop on every send, GATEWAY_RECONCILE_BACKOFF={args.backoff:g}, no beat; "
+        f"logs in {logs}"
     )
     print(f"  UNKNOWN -> CONFIRMED after the first lookup's due time: {_stats(after_due)}")
     print(f"  UNKNOWN -> CONFIRMED after becoming UNKNOWN:          {_stats(after_unknown)}")
