@@ -73,8 +73,14 @@ def wake_key() -> str:
 
 
 @cache
+def _script_of(client: redis.Redis) -> Any:
+    return client.register_script(_EARLIER)
+
+
 def _script() -> Any:
-    return broker.client().register_script(_EARLIER)
+    """The script on this process's broker client (a new one after a fork, or when a test
+    points the broker elsewhere)."""
+    return _script_of(broker.client())
 
 
 class _Failures:

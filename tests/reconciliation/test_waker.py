@@ -83,7 +83,6 @@ def test_a_broker_that_is_down_never_fails_the_writer(signal, settings, recon_un
     effect = recon_unknown()
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:9/0"  # nothing listens there
     broker.client.cache_clear()
-    deadlines._script.cache_clear()
     try:
         started = time.monotonic()
         assert ledger.schedule_checks([effect.pk], timezone.now()) == 1
@@ -91,7 +90,6 @@ def test_a_broker_that_is_down_never_fails_the_writer(signal, settings, recon_un
         assert time.monotonic() - started < 5
     finally:
         broker.client.cache_clear()
-        deadlines._script.cache_clear()
         deadlines._failures.failed_at = -deadlines.REST
 
 
