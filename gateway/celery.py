@@ -40,7 +40,9 @@ def _drains_here() -> bool:
     return not consumed or app.conf.task_default_queue in consumed
 
 
-def _prefork(consumer) -> bool:
+def prefork_pool(consumer) -> bool:
+    """Whether the worker's pool forks children (which then start their own threads:
+    drainers here, reconciliation.waker's wakers)."""
     pool = getattr(consumer, "pool", None)
     return type(pool).__module__.startswith(
         ("celery.concurrency.prefork", "celery.concurrency.asynpool")
@@ -95,7 +97,7 @@ def _drain_on_start(sender, **kwargs) -> None:
     gc.freeze()  # what the consumer and the pool made since ``_freeze_at_start``
     if not _drains_here():
         return
-    if not _prefork(sender):
+    if not prefork_pool(sender):
         dispatcher.start_drainers(app.conf.task_default_queue)
     try:
         flag = dispatcher.DueFlag(app.conf.task_default_queue)

@@ -79,7 +79,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from gateway import fastpath, moves, services
+from gateway import deadlines, fastpath, moves, services
 from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
 from gateway.lib import broker
 from gateway.lib.failpoints import failpoint
@@ -479,6 +479,7 @@ class _Drainer:
         self.last_claim, self.last_full = time.monotonic(), batch.picked == slots
         if batch.claims:
             services.attempts_note_sender(batch.claims)  # before any of them is sent
+            deadlines.lease_soon(timezone.now())  # a lease shorter than the waker's sleep
             failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
         for claim in batch.claims:
             services.log_claimed(claim, worker=self.worker)
@@ -628,6 +629,10 @@ class _Drainer:
             return
         written = record_batch(answers=answers, worker=self.worker, now=now)
         moves.after_commit(written)
+        # UNKNOWN / IN_PROGRESS: their first lookups, for the reconciler's waker.
+        deadlines.soonest(
+            a.fields.get("next_check_at") for a in answers if a.claim.effect_id in written
+        )
         for answer in answers:
             if answer.claim.effect_id in written:
                 services.log_recorded(answer.claim.effect_id, answer.result, worker=self.worker)

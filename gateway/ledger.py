@@ -31,7 +31,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from gateway import audit, hooks
+from gateway import audit, deadlines, hooks
 from gateway.checkpoints import receipt_seal
 from gateway.choices import ALLOWED_TRANSITIONS, EffectStatus
 from gateway.contracts import EffectContract
@@ -126,7 +126,15 @@ def transition(
             setattr(effect, name, value)
     log_transition(effect.pk, from_status=from_status, to=to, actor=actor)
     _after_transition(effect, from_status=from_status, to=to)
+    _deadlines_set(fields)
     return True
+
+
+def _deadlines_set(fields: dict[str, Any]) -> None:
+    """A due time a write sets (the next lookup, a lease) wakes the reconciler's waker when
+    it is earlier than the waker's next look (gateway.deadlines), after commit."""
+    if "next_check_at" in fields or "lease_expires_at" in fields:
+        deadlines.soonest((fields.get("next_check_at"), fields.get("lease_expires_at")))
 
 
 def log_transition(effect_id: str, *, from_status: str, to: str, actor: str) -> None:
@@ -203,6 +211,7 @@ def annotate(
         query = query.filter(**where)
     if not query.update(updated_at=now, **fields):
         return False
+    _deadlines_set(fields)
     for name, value in fields.items():
         setattr(effect, name, value)
     if kind:
@@ -252,7 +261,10 @@ def schedule_checks(effect_ids: Iterable[str], at: datetime, **only: Any) -> int
     """When the reconciler looks at these effects next (a claim, a hand-back, a poison row
     pushed away): a schedule, not a state, so no event. ``only`` narrows the update to rows
     still as they were read (a compare-and-set). Returns how many rows moved."""
-    return Effect.objects.filter(pk__in=list(effect_ids), **only).update(next_check_at=at)
+    moved = Effect.objects.filter(pk__in=list(effect_ids), **only).update(next_check_at=at)
+    if moved:
+        deadlines.soon(at)
+    return moved
 
 
 def enqueue_dispatch(effect_id: str) -> None:

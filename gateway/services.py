@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
-from gateway import audit, capabilities, fastpath, hooks, ledger, moves, submission
+from gateway import audit, capabilities, deadlines, fastpath, hooks, ledger, moves, submission
 from gateway.choices import APPROVER_ROLES as APPROVER_ROLES
 from gateway.choices import (
     BEFORE_DISPATCH,
@@ -811,6 +811,7 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     log_claimed(claim, worker=worker)
     attempts_note_sender([claim])
     moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
+    deadlines.lease_soon(timezone.now())  # a lease shorter than the waker's sleep
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
     sent = fast_send(claim)
     if sent.result is None:
@@ -818,14 +819,10 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
         return True
     failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
     now = timezone.now()
-    if fastpath.record(
-        claim=claim,
-        result=sent.result,
-        worker=worker,
-        fields=fast_fields(claim, sent.result, now),
-        now=now,
-    ):
+    fields = fast_fields(claim, sent.result, now)
+    if fastpath.record(claim=claim, result=sent.result, worker=worker, fields=fields, now=now):
         moves.after_commit([effect_id])
+        deadlines.soon(fields.get("next_check_at"))  # UNKNOWN / IN_PROGRESS: its first lookup
         log_recorded(effect_id, sent.result, worker=worker)
     else:  # stale, or a compensation / saga / webhook endpoint needs the general record
         fast_record_general(claim, sent.result, worker=worker)

@@ -544,7 +544,26 @@ if GATEWAY_DISPATCH_LEASE <= 2 * GATEWAY_PROVIDER_TIMEOUT:
         f"GATEWAY_PROVIDER_TIMEOUT ({GATEWAY_PROVIDER_TIMEOUT:g}s)"
     )
 GATEWAY_RECONCILE_INTERVAL = env_number(
-    "GATEWAY_RECONCILE_INTERVAL", 30, doc="Seconds between the reconciler's sweeps."
+    "GATEWAY_RECONCILE_INTERVAL",
+    30,
+    doc="Seconds between the reconciler's sweeps, a safety net: the wakers act at each "
+    "effect's due time.",
+)
+# The reconciler and lease recovery act at their deadlines (reconciliation.waker, woken
+# through gateway.deadlines); the beat sweeps above stay as a safety net.
+GATEWAY_WAKERS = env_int(
+    "GATEWAY_WAKERS",
+    1,
+    zero_turns_off=True,
+    doc="Waker threads per worker process (per child with prefork) that run lease recovery "
+    "and the reconciler's lookups when the earliest lease or `next_check_at` is due; 0: none "
+    "(only the sweeps).",
+)
+GATEWAY_WAKER_MAX_SLEEP = env_number(
+    "GATEWAY_WAKER_MAX_SLEEP",
+    5,
+    doc="The longest a waker sleeps before it looks at the due times again, whatever it was "
+    "told: the bound on a lost wake-up.",
 )
 GATEWAY_TALLY_INTERVAL = env_number(
     "GATEWAY_TALLY_INTERVAL",

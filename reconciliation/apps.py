@@ -9,7 +9,7 @@ class ReconciliationConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway.console import extensions
-        from reconciliation import claims, views
+        from reconciliation import claims, views, waker  # noqa: F401  (waker: its Celery receivers)
         from reconciliation.metrics import register_collector
 
         register_collector()

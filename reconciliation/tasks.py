@@ -9,7 +9,8 @@ from reconciliation.tally import tally_pending
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def reconcile_due() -> int:
-    """Beat, every GATEWAY_RECONCILE_INTERVAL: recover leases, then look up what is due."""
+    """Beat, every GATEWAY_RECONCILE_INTERVAL: recover leases, then look up what is due. The
+    safety net: the wakers (reconciliation.waker) do both at the due times."""
     return services.reconcile_due()
 
 

@@ -122,6 +122,18 @@ class EffectSerializer(serializers.ModelSerializer):
     requested_by = serializers.CharField(source="command.requested_by.name")
     attempts = serializers.IntegerField(source="attempt_count")
     expires_at = serializers.DateTimeField(source="command.expires_at")
+    next_check_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="UNKNOWN or IN_PROGRESS: when the provider is asked next, on the contract's "
+        "backoff schedule; null: no lookup is scheduled.",
+    )
+    lease_expires_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="DISPATCHING: when the worker's claim runs out; lease recovery then makes "
+        "the effect UNKNOWN, to be looked up.",
+    )
     payload = serializers.SerializerMethodField()
     payload_redacted = serializers.BooleanField(read_only=True, default=False)
     payload_verified = serializers.SerializerMethodField(
@@ -160,6 +172,8 @@ class EffectSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "status_changed_at",
+            "next_check_at",
+            "lease_expires_at",
             "frozen",
             "mismatch",
             "escalated",
@@ -223,6 +237,8 @@ class EffectSerializer(serializers.ModelSerializer):
             "created_at": _when(effect.created_at, zone),
             "updated_at": _when(effect.updated_at, zone),
             "status_changed_at": _when(effect.status_changed_at, zone),
+            "next_check_at": _when(effect.next_check_at, zone),
+            "lease_expires_at": _when(effect.lease_expires_at, zone),
             "frozen": _flag(effect.frozen),
             "mismatch": _flag(effect.mismatch),
             "escalated": _flag(effect.escalated),

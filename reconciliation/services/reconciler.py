@@ -444,7 +444,8 @@ def reconcile_next_batch(
 def reconcile_due(*, time_budget: float | None = None, batch_size: int = 50) -> int:
     """One reconciler sweep (beat, every GATEWAY_RECONCILE_INTERVAL): recover expired leases,
     queue flagged effects for a human, then look up due effects until none are due or the
-    time budget is spent. Returns how much work it found."""
+    time budget is spent. Returns how much work it found. Leases and lookups are the wakers'
+    at their due times (reconciliation.waker); here they are the safety net."""
     budget = time_budget if time_budget is not None else settings.GATEWAY_RECONCILE_INTERVAL * 0.8
     deadline = time.monotonic() + budget
     work = effects_recover_expired_leases()

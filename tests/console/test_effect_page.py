@@ -174,3 +174,18 @@ def test_the_contract_version_the_command_was_submitted_under(oscar, bot, monkey
     monkeypatch.setitem(CONTRACTS, refund.type, replace(refund, version=2))
     html = oscar.client.get(f"/effects/{effect.pk}").content.decode()
     assert re.search(r">v1 \(the contract is now v2\)</span>", html)
+
+
+def test_the_page_says_when_the_next_lookup_is_and_when_a_lease_ends(oscar, bot):
+    """The schedule the workers keep (the backoff's next lookup, a claim's lease) is shown as
+    the exact UTC time it falls due."""
+    at = timezone.now() + timedelta(seconds=42)
+    exact = at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    unknown = set_state(submit(bot.principal, TICKET), status="UNKNOWN", next_check_at=at)
+    html = oscar.client.get(f"/effects/{unknown.pk}").content.decode()
+    assert re.search(rf'next lookup at <time datetime="[^"]+" title="{exact}">{exact}</time>', html)
+    assert "lease ends at" not in html
+    claimed = set_state(submit(bot.principal, TICKET), status="DISPATCHING", lease_expires_at=at)
+    html = oscar.client.get(f"/effects/{claimed.pk}").content.decode()
+    assert re.search(rf'lease ends at <time datetime="[^"]+" title="{exact}">{exact}</time>', html)
+    assert "next lookup at" not in html

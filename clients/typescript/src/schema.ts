@@ -957,6 +957,16 @@ export interface components {
             updated_at: string;
             /** Format: date-time */
             status_changed_at: string;
+            /**
+             * Format: date-time
+             * @description UNKNOWN or IN_PROGRESS: when the provider is asked next, on the contract's backoff schedule; null: no lookup is scheduled.
+             */
+            readonly next_check_at: string | null;
+            /**
+             * Format: date-time
+             * @description DISPATCHING: when the worker's claim runs out; lease recovery then makes the effect UNKNOWN, to be looked up.
+             */
+            readonly lease_expires_at: string | null;
             frozen: boolean;
             mismatch: boolean;
             escalated: boolean;
