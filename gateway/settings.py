@@ -628,6 +628,13 @@ GATEWAY_AGENT_TOKEN_TTL = env_int(
     doc="Seconds an agent's API token lives unless issued otherwise (7776000: 90 days); "
     "0: forever.",
 )
+GATEWAY_PERSON_TOKEN_TTL = env_int(
+    "GATEWAY_PERSON_TOKEN_TTL",
+    90 * 24 * 3600,
+    zero_turns_off=True,
+    doc="Seconds a person's (operator's, approver's, admin's) API token lives unless issued "
+    "otherwise (7776000: 90 days); 0: forever.",
+)
 GATEWAY_LOGIN_MAX_FAILURES = env_int(
     "GATEWAY_LOGIN_MAX_FAILURES",
     5,

@@ -28,14 +28,30 @@ def record(token: str) -> ApiToken:
     return ApiToken.objects.get(prefix=token[:12])
 
 
-def test_agents_tokens_expire_by_default_and_people_choose(agent, operator, settings):
+def test_agents_tokens_expire_by_default(agent, settings):
     expires = record(agent.token).expires_at
     assert expires is not None
     expected = timezone.now() + timedelta(seconds=settings.GATEWAY_AGENT_TOKEN_TTL)
     assert abs((expires - expected).total_seconds()) < 60
-    assert record(operator.token).expires_at is None
     short = issue_token_with("acme", "short-bot", "agent", "--token-expires-in", "60")
     assert (record(short).expires_at - timezone.now()).total_seconds() <= 60
+
+
+@pytest.mark.parametrize("role", ["operator", "approver", "admin"])
+def test_peoples_tokens_expire_in_90_days_by_default(role):
+    token = issue_token_with("acme", f"{role}-person", role)
+    expected = timezone.now() + timedelta(days=90)
+    assert abs((record(token).expires_at - expected).total_seconds()) < 60
+
+
+def test_peoples_token_expiry_follows_the_setting_and_the_flag(settings):
+    settings.GATEWAY_PERSON_TOKEN_TTL = 3600
+    token = issue_token_with("acme", "olga", "operator")
+    assert 3500 < (record(token).expires_at - timezone.now()).total_seconds() <= 3600
+    chosen = issue_token_with("acme", "olga", "operator", "--token-expires-in", "60")
+    assert (record(chosen).expires_at - timezone.now()).total_seconds() <= 60
+    forever = issue_token_with("acme", "olga", "operator", "--token-expires-in", "0")
+    assert record(forever).expires_at is None
 
 
 def issue_token_with(tenant: str, name: str, role: str, *args: str) -> str:
