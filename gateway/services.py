@@ -195,13 +195,17 @@ def command_submit(
 
     now = timezone.now()
     effect_id = new_effect_id()
-    needs_approval = contract.requires_approval(payload)
-    status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     try:
         with transaction.atomic():
             capability, reserved = capabilities.capability_reserve(
                 principal=principal, contract=contract, resource=resource, payload=payload
             )
+            wait = capabilities.approval_wait(
+                principal=principal, contract=contract, payload=payload,
+                capability=capability, compensates=compensates,
+            )  # fmt: skip
+            needs_approval = wait is not None
+            status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
             command = Command.objects.create(
                 effect_id=effect_id,
                 tenant_id=principal.tenant_id,
@@ -258,9 +262,7 @@ def command_submit(
                 principal=principal,
                 to_status=status,
                 now=now,
-                reason=("waiting for an approver: " + contract.approval.description)
-                if needs_approval
-                else "",
+                reason=wait or "",
                 data={"idempotency_key": idempotency_key, "payload_digest": digest},
             )
             for listener in hooks.effect_created:
@@ -293,11 +295,11 @@ def _submit_fast(principal, contract, key, digest, resource, payload, intent, co
         # transaction that writes it, which is the general path's; the wait is human anyway.
         return None
     now = timezone.now()
-    grant = None
-    if principal.role == Role.AGENT:
-        grant = fastpath.submission_grant(principal, contract, resource, payload, now)
-        if grant is None:
-            return None  # no grant, or an amount it refuses: the general path says why
+    grant = fastpath.submission_grant(principal, contract, resource, payload, now)
+    if grant is None:
+        # No grant (an agent's 403, or a person's wait for an approver), or an amount it
+        # refuses: the general path says why.
+        return None
     effect_id = new_effect_id()
     written = fastpath.submit(
         effect_id=effect_id,
