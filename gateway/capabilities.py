@@ -57,8 +57,8 @@ def _live(now) -> Q:
 
 def effect_types_permitted(principal: Principal) -> frozenset[str] | None:
     """The effect types ``principal`` may submit on some resource, or None for every type
-    (people: under a grant, or waiting for an approver). A frozen principal may submit nothing. The budget is not
-    looked at: it is checked, and reserved, at submission."""
+    (people: under a grant, or waiting for an approver). A frozen principal may submit
+    nothing. The budget is not looked at: it is checked, and reserved, at submission."""
     from gateway.contracts import CONTRACTS
 
     if principal.frozen:

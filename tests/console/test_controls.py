@@ -196,10 +196,13 @@ def test_revoke_a_grant_with_a_reason(oscar, grants):
     assert again.status_code == 409 and "already revoked" in again.content.decode()
 
 
-def test_admin_grants_a_capability(root, bot):
+def test_admin_grants_a_capability(root, bot, oscar):
     html = root.client.get("/controls").content.decode()
     assert "Grant a capability" in html
-    assert '<option value="refund-bot">' in html
+    assert '<option value="refund-bot">refund-bot (agent)</option>' in html
+    # People submit under grants too; the admin granting is never offered to themselves.
+    assert '<option value="oscar">oscar (operator)</option>' in html
+    assert '<option value="root">' not in html
     response = post(
         root,
         "/controls/capabilities",
