@@ -13,7 +13,7 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         # Make our Celery app the current one in every process that loads Django (web nodes
         # send tasks with shared_task.delay, which uses the current app's broker).
-        from gateway import capabilities, checks, hooks, lockout, moves  # noqa: F401  (checks, lockout: receivers)
+        from gateway import capabilities, checks, hooks, moves  # noqa: F401  (checks: receivers)
         from gateway.contracts import loading
 
         # Every contract module once per process, before any request or task reads them; a

@@ -1,4 +1,6 @@
-"""Capabilities (what an agent may do, within which budget, until when) and freezes.
+"""Capabilities (what an agent or a person may do, within which budget, until when) and
+freezes. A person without a matching grant may still submit: the command waits for an
+approver (``approval_wait``).
 
 Checked twice: at submission, where the budget is *reserved* with one conditional UPDATE
 (concurrent submissions cannot overspend it: PostgreSQL re-evaluates the WHERE clause on the
@@ -17,7 +19,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from gateway import audit, hooks, moves, trust
-from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, EffectStatus, Role
+from gateway.choices import BEFORE_DISPATCH, OPERATOR_ROLES, SUBMITTER_ROLES, EffectStatus, Role
 from gateway.contracts import EffectContract
 from gateway.errors import InvalidTransition, NotFound, NotPermitted, ValidationProblem
 from gateway.lib.ids import new_id
@@ -55,8 +57,8 @@ def _live(now) -> Q:
 
 def effect_types_permitted(principal: Principal) -> frozenset[str] | None:
     """The effect types ``principal`` may submit on some resource, or None for every type
-    (people act under their role). A frozen principal may submit nothing. The budget is not
-    looked at: it is checked, and reserved, at submission."""
+    (people: under a grant, or waiting for an approver). A frozen principal may submit
+    nothing. The budget is not looked at: it is checked, and reserved, at submission."""
     from gateway.contracts import CONTRACTS
 
     if principal.frozen:
@@ -76,12 +78,12 @@ def capability_reserve(
 ) -> tuple[Capability | None, int]:
     """The grant this submission runs under, with its budget share reserved.
 
-    Agents need a live grant that matches the type and resource and has budget left;
-    people (operators, admins) act under their role. Raises NotPermitted otherwise.
-    Runs inside the submission's transaction: a rolled-back submission returns the budget.
+    Agents need a live grant that matches the type and resource and has budget left. People
+    (operators, admins) are held to the grants they have in the same way; with none that
+    matches, the answer is no grant, and their command waits for an approver
+    (``approval_wait``). Raises NotPermitted otherwise. Runs inside the submission's
+    transaction: a rolled-back submission returns the budget.
     """
-    if principal.role != Role.AGENT:
-        return None, 0
     now = timezone.now()
     amount, currency = _money(payload)
     candidates = [
@@ -89,6 +91,8 @@ def capability_reserve(
         for cap in Capability.objects.filter(_live(now), principal=principal).order_by("created_at")
         if _matches(cap, contract.type, resource)
     ]
+    if not candidates and principal.role != Role.AGENT:
+        return None, 0  # a person under no grant: an approver decides (approval_wait)
     if not candidates:
         raise NotPermitted(
             f"No live capability lets {principal.name} submit {contract.type} on "
@@ -126,6 +130,31 @@ def capability_reserve(
         f"The budget of {principal.name}'s capability for {contract.type} is spent "
         f"(or does not cover {amount} {currency})."
     )
+
+
+def approval_wait(
+    *,
+    principal: Principal,
+    contract: EffectContract,
+    payload: dict,
+    capability: Capability | None,
+    compensates: Command | None = None,
+) -> str | None:
+    """Why a submission waits for an approver, or None when it may go without one.
+
+    The contract's policy decides for everyone. A person (operator, admin) submitting under
+    no grant also waits: a role lets them act, not spend without limit, so another approver
+    signs off on each such command. A compensation is not held to this: it undoes an
+    effect already sent, with the compensator and the payload the contract derives from it.
+    """
+    if contract.requires_approval(payload):
+        return "waiting for an approver: " + contract.approval.description
+    if principal.role != Role.AGENT and capability is None and compensates is None:
+        return (
+            f"waiting for an approver: no grant lets {principal.name} submit "
+            f"{contract.type} on its own"
+        )
+    return None
 
 
 def capability_release(command: Command) -> None:
@@ -181,10 +210,14 @@ def capability_grant(
     budget_currency: str = "",
     expires_in: int | None = None,
 ) -> Capability:
-    if principal.role != Role.AGENT:
+    if principal.role not in SUBMITTER_ROLES:
         raise ValidationProblem(
-            "Capabilities are granted to agents.", errors={"principal": ["not an agent"]}
+            "Capabilities are granted to those who submit: agents, operators and admins.",
+            errors={"principal": ["cannot submit"]},
         )
+    if granted_by == principal.label:
+        # Else an admin's own grant would stand in for the second person an approval is.
+        raise NotPermitted("No one grants capabilities to themselves: ask another admin.")
     if not effect_types or not all(isinstance(p, str) and p for p in effect_types):
         raise ValidationProblem(
             "Name the effect types (patterns allowed).", errors={"effect_types": ["required"]}

@@ -83,7 +83,8 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    # None: never expires (people's tokens by default; agents get GATEWAY_AGENT_TOKEN_TTL).
+    # None: never expires (issued so; by default agents' tokens get GATEWAY_AGENT_TOKEN_TTL
+    # and people's GATEWAY_PERSON_TOKEN_TTL).
     expires_at = models.DateTimeField(null=True, blank=True)
     # The token this one replaced (rotation), for the audit trail.
     rotated_from = models.ForeignKey(

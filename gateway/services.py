@@ -232,11 +232,19 @@ def _submit_general(
         resource=request.resource,
         payload=request.payload,
     )
+    wait = capabilities.approval_wait(
+        principal=principal,
+        contract=request.contract,
+        payload=request.payload,
+        capability=capability,
+        compensates=compensates,
+    )
     rows = request.rows(
         effect_id=new_effect_id(),
         capability_id=capability.pk if capability else None,
         reserved=reserved,
         now=now,
+        wait=wait,
         compensates_id=compensates.pk if compensates else None,
         saga_id=saga_id,
         saga_step=saga_step,
@@ -274,17 +282,17 @@ def _submit_fast(request: _Request) -> Submission | None:
         # transaction that writes it, which is the general path's; the wait is human anyway.
         return None
     now = timezone.now()
-    grant = None
-    if principal.role == Role.AGENT:
-        grant = fastpath.submission_grant(
-            principal, request.contract, request.resource, request.payload, now
-        )
-        if grant is None:
-            return None  # no grant, or an amount it refuses: the general path says why
+    # A person (operator, admin) with no matching grant waits for an approver: the general
+    # path says so. With one, a person is held to it exactly as an agent is.
+    grant = fastpath.submission_grant(
+        principal, request.contract, request.resource, request.payload, now
+    )
+    if grant is None:
+        return None  # no grant, or an amount it refuses: the general path says why
     rows = request.rows(
         effect_id=new_effect_id(),
-        capability_id=grant.capability.pk if grant else None,
-        reserved=grant.amount if grant else 0,
+        capability_id=grant.capability.pk,
+        reserved=grant.amount,
         now=now,
     )
     written = fastpath.submit(principal=principal, rows=rows, payload=request.payload, grant=grant)

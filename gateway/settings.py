@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from gateway import embedded
+from gateway.lib.client_ip import parse_networks
 from gateway.lib.env import (
     env_bool,
     env_int,
@@ -79,6 +80,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    # Failed logins, counted per (username, address) in the database (gateway.logins).
+    "axes",
     "gateway",
     "reconciliation",
     "sagas",
@@ -95,8 +98,6 @@ MIDDLEWARE = [
     "gateway.api.lane.ApiLaneMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    # Locked logins are 429 before any password is checked (gateway.lockout).
-    "gateway.lockout.LoginLockoutMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -104,6 +105,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    # Turns a login refused by the lockout into the 429 page (gateway.console.auth.locked_out).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "gateway.urls"
@@ -221,6 +224,11 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# django-axes' backend refuses a locked (username, address) before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:triage"
 LOGOUT_REDIRECT_URL = "console:login"
@@ -651,14 +659,48 @@ GATEWAY_AGENT_TOKEN_TTL = env_int(
     doc="Seconds an agent's API token lives unless issued otherwise (7776000: 90 days); "
     "0: forever.",
 )
+GATEWAY_PERSON_TOKEN_TTL = env_int(
+    "GATEWAY_PERSON_TOKEN_TTL",
+    90 * 24 * 3600,
+    zero_turns_off=True,
+    doc="Seconds a person's (operator's, approver's, admin's) API token lives unless issued "
+    "otherwise (7776000: 90 days); 0: forever.",
+)
 GATEWAY_LOGIN_MAX_FAILURES = env_int(
     "GATEWAY_LOGIN_MAX_FAILURES",
     5,
-    doc="Failed console logins per username before the login is locked.",
+    doc="Failed logins of one username from one client address before that pair is locked.",
 )
 GATEWAY_LOGIN_LOCKOUT = env_int(
-    "GATEWAY_LOGIN_LOCKOUT", 15 * 60, doc="Seconds a locked console login stays locked."
+    "GATEWAY_LOGIN_LOCKOUT",
+    15 * 60,
+    doc="Seconds the first lock of a (username, address) pair lasts; each attempt during the "
+    "lock doubles it.",
 )
+GATEWAY_LOGIN_LOCKOUT_MAX = env_int(
+    "GATEWAY_LOGIN_LOCKOUT_MAX",
+    24 * 3600,
+    doc="The longest a (username, address) pair stays locked, in seconds.",
+)
+GATEWAY_TRUSTED_PROXIES = env_list(
+    "GATEWAY_TRUSTED_PROXIES",
+    [],
+    shown="none: the direct peer is the client",
+    doc="Addresses or CIDRs of the reverse proxies in front of the gateway, comma-separated: "
+    "only from these is `X-Forwarded-For` believed for the client's address.",
+)
+parse_networks(GATEWAY_TRUSTED_PROXIES)  # a malformed entry fails at start, not at a login
+# django-axes (gateway/logins.py): the policy lives in the GATEWAY_LOGIN_* settings above.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = "gateway.logins.failure_limit"
+AXES_COOLOFF_TIME = "gateway.logins.cool_off"
+# Each row expires on its own lock length; without this a short lock's clean-up would delete
+# the rows of longer ones.
+AXES_USE_ATTEMPT_EXPIRATION = True
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "gateway.lib.client_ip.client_ip"
+AXES_LOCKOUT_CALLABLE = "gateway.console.auth.locked_out"
 GATEWAY_METRICS_TOKEN = env_str(
     "GATEWAY_METRICS_TOKEN",
     "",

@@ -69,13 +69,17 @@ def new_rows(
     capability_id: str | None,
     reserved: int,
     now: datetime,
+    wait: str | None = None,
     compensates_id: str | None = None,
     saga_id: str = "",
     saga_step: str = "",
 ) -> NewRows:
     """The rows a submission writes: an approval-gated command waits (AWAITING_APPROVAL),
-    any other is PREPARED and due now."""
-    needs_approval = contract.requires_approval(payload)
+    any other is PREPARED and due now. ``wait``: why it waits for an approver beyond the
+    contract's policy (``capabilities.approval_wait``: a person with no grant)."""
+    if wait is None and contract.requires_approval(payload):
+        wait = "waiting for an approver: " + contract.approval.description
+    needs_approval = wait is not None
     status = S.AWAITING_APPROVAL if needs_approval else S.PREPARED
     command = {
         "effect_id": effect_id,
@@ -123,9 +127,7 @@ def new_rows(
         "kind": EventKind.SUBMITTED,
         "actor": principal.label,
         "to_status": status,
-        "reason": ("waiting for an approver: " + contract.approval.description)
-        if needs_approval
-        else "",
+        "reason": wait or "",
         "data": {"idempotency_key": idempotency_key, "payload_digest": digest},
     }
     return NewRows(command, effect, event)

@@ -28,10 +28,14 @@ def hash_token(token: str) -> str:
 
 
 def default_expires_in(principal: Principal) -> int | None:
-    """Agents' tokens expire by default (GATEWAY_AGENT_TOKEN_TTL; 0 turns it off)."""
-    if principal.role == Role.AGENT and settings.GATEWAY_AGENT_TOKEN_TTL > 0:
-        return settings.GATEWAY_AGENT_TOKEN_TTL
-    return None
+    """Every token expires by default: agents' after GATEWAY_AGENT_TOKEN_TTL, people's
+    (operators, approvers, admins) after GATEWAY_PERSON_TOKEN_TTL; 0 turns either off."""
+    ttl = (
+        settings.GATEWAY_AGENT_TOKEN_TTL
+        if principal.role == Role.AGENT
+        else settings.GATEWAY_PERSON_TOKEN_TTL
+    )
+    return ttl if ttl > 0 else None
 
 
 def _expiry(principal: Principal, expires_in: int | None):

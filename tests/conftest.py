@@ -66,6 +66,13 @@ def _token_cache_off(settings):
     trust.clear()
 
 
+@pytest.fixture(autouse=True)
+def _login_lockout_off(settings):
+    """django-axes writes rows on every login (``force_login`` too): off, so persona logins cost
+    nothing, except in the lockout tests, which turn it on (tests/security/test_logins.py)."""
+    settings.AXES_ENABLED = False
+
+
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[SandboxServer]:
     server = SandboxServer(SandboxProvider(), port=0).start()

@@ -433,7 +433,8 @@ class EffectTypesView(APIView):
                 "permitted",
                 OpenApiTypes.BOOL,
                 description="true: only the types the caller may submit (an agent's live "
-                "grants; operators and admins act under their role and see every type). MCP "
+                "grants; operators and admins see every type: under a grant, or waiting for an "
+                "approver). MCP "
                 "servers list these as tools.",
             )
         ],

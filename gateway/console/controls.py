@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gateway import audit, capabilities, checkpoints, tokens
-from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, Role
+from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, SUBMITTER_ROLES
 from gateway.console.base import ConsoleRequest, console_view, error_response, is_partial, perform
 from gateway.console.forms import GRANT_EXPIRIES, GrantForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import capabilities_for_principal, type_freezes
@@ -128,7 +128,8 @@ def _controls_context(request: ConsoleRequest) -> dict[str, Any]:
         ],
         "frozen_types": len(freezes),
         "people": people,
-        "agents": [p for p in people if p.role == Role.AGENT],
+        # Who may hold a grant: those who submit, but never the admin granting (no self-grant).
+        "grantees": [p for p in people if p.role in SUBMITTER_ROLES and p.pk != principal.pk],
         "grants": [_grant_row(grant, now) for grant in grants],
         "grants_capped": len(grants) == GRANTS_SHOWN,
         "may_grant": principal.role in ADMIN_ROLES,

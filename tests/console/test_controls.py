@@ -196,10 +196,13 @@ def test_revoke_a_grant_with_a_reason(oscar, grants):
     assert again.status_code == 409 and "already revoked" in again.content.decode()
 
 
-def test_admin_grants_a_capability(root, bot):
+def test_admin_grants_a_capability(root, bot, oscar):
     html = root.client.get("/controls").content.decode()
     assert "Grant a capability" in html
-    assert '<option value="refund-bot">' in html
+    assert '<option value="refund-bot">refund-bot (agent)</option>' in html
+    # People submit under grants too; the admin granting is never offered to themselves.
+    assert '<option value="oscar">oscar (operator)</option>' in html
+    assert '<option value="root">' not in html
     response = post(
         root,
         "/controls/capabilities",
@@ -227,11 +230,11 @@ def test_admin_grants_a_capability(root, bot):
 
 def test_a_grant_the_service_refuses_is_answered_in_the_form(root, alice):
     before = Capability.objects.count()
-    # Not an agent: capability_grant refuses it.
+    # An approver submits nothing: capability_grant refuses it.
     response = post(root, "/controls/capabilities", {"principal": "alice", "effect_types": "*"})
     assert response.status_code == 400
     assert response["HX-Retarget"] == "#grant-error"
-    assert "Capabilities are granted to agents" in response.content.decode()
+    assert "Capabilities are granted to those who submit" in response.content.decode()
     # No type: the form refuses it.
     response = post(root, "/controls/capabilities", {"principal": "alice", "effect_types": " , "})
     assert response.status_code == 400 and "effect_types" in response.content.decode()

@@ -22,6 +22,7 @@ _OFF_AT_ZERO = {
     "GATEWAY_PROVIDER_KEEPALIVE": "a new provider connection per call",
     "GATEWAY_DRAINERS": "no drainer threads in the worker",
     "GATEWAY_AGENT_TOKEN_TTL": "agents' tokens do not expire unless issued so",
+    "GATEWAY_PERSON_TOKEN_TTL": "people's tokens do not expire unless issued so",
 }
 
 _PROBE = """

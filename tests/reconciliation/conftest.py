@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from gateway import services as ledger
 from gateway.api.auth import token_create
+from gateway.capabilities import capability_grant
 from gateway.choices import Role
 from gateway.models import Effect, Principal, Tenant
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
@@ -95,9 +96,11 @@ def recon_rival_operator(db) -> ReconPersona:
 
 @pytest.fixture
 def recon_requester(db) -> ReconPersona:
-    """Who submits the commands of these tests: an operator acts under its role, so the
-    tests need no capability grant (that is the ledger's concern, tested there)."""
-    return _persona("initech", "runbook", Role.OPERATOR)
+    """Who submits the commands of these tests: an operator under an unlimited grant, so
+    nothing waits for an approver (grants are the ledger's concern, tested there)."""
+    persona = _persona("initech", "runbook", Role.OPERATOR)
+    capability_grant(granted_by="test", principal=persona.principal, effect_types=["*"])
+    return persona
 
 
 @pytest.fixture

@@ -42,7 +42,8 @@ class Command(BaseCommand):
             "--token-expires-in",
             type=int,
             help="seconds until the token expires; 0: never. Default: agents "
-            "GATEWAY_AGENT_TOKEN_TTL (90 days), people never (or --expires-in when given)",
+            "GATEWAY_AGENT_TOKEN_TTL, people GATEWAY_PERSON_TOKEN_TTL (both 90 days), or "
+            "--expires-in when given",
         )
 
     @transaction.atomic
