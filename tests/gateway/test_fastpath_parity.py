@@ -148,8 +148,16 @@ def test_a_command_waiting_for_approval_is_written_the_general_way(parity, agent
     assert parity(lambda clock: submit(agent.principal, refund(amount=50_000), "k1")) == []
 
 
-def test_an_operators_submission(parity, operator):
+def test_an_operators_submission_under_a_grant(parity, operator):
+    from gateway.capabilities import capability_grant
+
+    capability_grant(granted_by="test", principal=operator.principal, effect_types=["ticket.*"])
     assert parity(lambda clock: submit(operator.principal, ticket("g"), "k1")) == ["submit"]
+
+
+def test_an_operators_submission_without_a_grant_waits_the_general_way(parity, operator):
+    # A person with no grant waits for an approver: the general path writes it.
+    assert parity(lambda clock: submit(operator.principal, ticket("g2"), "k1")) == []
 
 
 def test_a_compensation_and_a_saga_step_are_written_the_general_way(parity, operator):
