@@ -954,7 +954,11 @@ def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallRes
     from gateway.providers.base import LookupStatus
     from gateway.providers.http import classify_operation
 
-    lookup = adapter.lookup(idempotency_key=request.idempotency_key, timeout=request.timeout)
+    lookup = adapter.lookup(
+        idempotency_key=request.idempotency_key,
+        timeout=request.timeout,
+        payload_digest=request.payload_digest,
+    )
     if lookup.status == LookupStatus.NOT_FOUND:
         return CallResult(
             Outcome.NOT_STARTED,

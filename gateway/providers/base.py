@@ -80,8 +80,20 @@ class ProviderAdapter(Protocol):
     def execute(self, request: ExecuteRequest) -> CallResult: ...
 
     def lookup(
-        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
-    ) -> LookupResult: ...
+        self,
+        *,
+        idempotency_key: str,
+        provider_operation_id: str = "",
+        timeout: float,
+        payload_digest: str = "",
+    ) -> LookupResult:
+        """Find the operation by its id when one is given, else by the key.
+
+        ``payload_digest`` is the command's digest: an adapter for a provider that keeps no
+        digest (a declared REST API) reports a match by id or key with it, the match being
+        the evidence; one whose provider reports the digest it recorded ignores it, and
+        reports what the provider says, so that a mismatch is seen."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -661,7 +661,12 @@ class HttpProviderAdapter:
         )
 
     def lookup(
-        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
+        self,
+        *,
+        idempotency_key: str,
+        provider_operation_id: str = "",
+        timeout: float,
+        payload_digest: str = "",
     ) -> LookupResult:
         if provider_operation_id:
             path = f"/operations/{quote(provider_operation_id, safe='')}"

@@ -171,12 +171,18 @@ class _Timed:
         return self.adapter.execute(dataclasses.replace(request, timeout=self.timeout))
 
     def lookup(
-        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
+        self,
+        *,
+        idempotency_key: str,
+        provider_operation_id: str = "",
+        timeout: float,
+        payload_digest: str = "",
     ) -> LookupResult:
         return self.adapter.lookup(
             idempotency_key=idempotency_key,
             provider_operation_id=provider_operation_id,
             timeout=self.timeout,
+            payload_digest=payload_digest,
         )
 
 

@@ -49,6 +49,7 @@ from gateway.providers.base import (
     LookupStatus,
     ProviderOperation,
 )
+from gateway.providers.http import retry_after as parse_retry_after
 from gateway.providers.rest_spec import (
     BODY_PLACEHOLDER,
     PATH_PLACEHOLDER,
@@ -411,6 +412,7 @@ class RestProviderAdapter:
                 f"HTTP {code}: the provider declines to act now; try later{later}",
                 http_status=code,
                 error=error,
+                retry_after=parse_retry_after(retry_after or None),
             )
         if code in spec.key_conflict:
             return CallResult(

@@ -469,7 +469,12 @@ class SmtpAdapter:
     # --- lookups ------------------------------------------------------------------------------
 
     def lookup(
-        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
+        self,
+        *,
+        idempotency_key: str,
+        provider_operation_id: str = "",
+        timeout: float,
+        payload_digest: str = "",
     ) -> LookupResult:
         message_id = provider_operation_id or self.message_id(idempotency_key)
         if not re.fullmatch(r"<[!-~]+>", message_id) or '"' in message_id or "\\" in message_id:

@@ -443,7 +443,12 @@ class StripeAdapter:
     # --- lookups ------------------------------------------------------------------------------
 
     def lookup(
-        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
+        self,
+        *,
+        idempotency_key: str,
+        provider_operation_id: str = "",
+        timeout: float,
+        payload_digest: str = "",
     ) -> LookupResult:
         with _timeout(timeout):
             if provider_operation_id:

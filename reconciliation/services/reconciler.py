@@ -55,9 +55,12 @@ def _lookup(effect: Effect, contract: EffectContract) -> tuple[str, LookupResult
             idempotency_key=effect.command.provider_key,
             provider_operation_id=effect.provider_operation_id,
             timeout=timeout,
+            payload_digest=effect.command.payload_digest,
         )
     return LookupBy.IDEMPOTENCY_KEY, adapter.lookup(
-        idempotency_key=effect.command.provider_key, timeout=timeout
+        idempotency_key=effect.command.provider_key,
+        timeout=timeout,
+        payload_digest=effect.command.payload_digest,
     )
 
 

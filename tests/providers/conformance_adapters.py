@@ -24,12 +24,18 @@ class NotFoundIsUnreachable(HttpProviderAdapter):
     """Reports a 404 lookup as no answer: a key the provider never received stays UNKNOWN."""
 
     def lookup(
-        self, *, idempotency_key: str, provider_operation_id: str = "", timeout: float
+        self,
+        *,
+        idempotency_key: str,
+        provider_operation_id: str = "",
+        timeout: float,
+        payload_digest: str = "",
     ) -> LookupResult:
         found = super().lookup(
             idempotency_key=idempotency_key,
             provider_operation_id=provider_operation_id,
             timeout=timeout,
+            payload_digest=payload_digest,
         )
         if found.status == LookupStatus.NOT_FOUND:
             return LookupResult(LookupStatus.UNREACHABLE, http_status=404, error="not found")

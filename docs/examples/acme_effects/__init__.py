@@ -83,7 +83,7 @@ class AcmeTicketsAdapter:
             return CallResult(Outcome.REJECTED, "Acme refused it", None, code, str(answer))
         return CallResult(Outcome.UNKNOWN, f"HTTP {code} after sending", None, code, str(answer))
 
-    def lookup(self, *, idempotency_key, provider_operation_id="", timeout):
+    def lookup(self, *, idempotency_key, provider_operation_id="", timeout, **_):
         path = f"/v2/tickets?request_id={quote(idempotency_key)}"
         try:
             code, answer = self._call("GET", path, timeout)

@@ -222,7 +222,11 @@ class _Run:
                 return Decision.SEND_AGAIN
         age = self.subject.key_retention * self.case.age_in_retentions
         for n in range(1, MAX_LOOKUPS + 1):
-            found = adapter.lookup(idempotency_key=self.key, timeout=self.subject.timeout)
+            found = adapter.lookup(
+                idempotency_key=self.key,
+                timeout=self.subject.timeout,
+                payload_digest=self.request.payload_digest,
+            )
             if found.status == LookupStatus.NOT_FOUND:
                 self.note(f"lookup {n}: not found ({age} after the command)")
                 if not_found_proves_not_started(age=age, key_retention=self.subject.key_retention):
