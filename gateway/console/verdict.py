@@ -145,11 +145,7 @@ def verdict(
                 "with what you found.",
                 "danger",
             )
-        return Verdict(
-            f"{provider} did {what}.",
-            "Nothing to do, unless it must be undone: compensate within its window.",
-            "ok",
-        )
+        return _confirmed(provider, what, page)
     if status == S.COMPENSATION_FAILED:
         return Verdict(
             f"{what[:1].upper()}{what[1:]} happened and its compensation failed: it was not "
@@ -179,4 +175,27 @@ def verdict(
         f"Nothing was done at {provider}: the command is {status.lower()}.",
         "Nothing to do.",
         "muted",
+    )
+
+
+def _confirmed(provider: str, what: str, page: dict[str, Any]) -> Verdict:
+    """``page["compensation_preview"]`` (the effect page's; absent elsewhere): None when
+    compensation cannot be asked for, else the command or the fields it lacks."""
+    if "compensation_preview" not in page:
+        next_step = "Nothing to do, unless it must be undone: compensate within its window."
+        return Verdict(f"{provider} did {what}.", next_step, "ok")
+    preview = page["compensation_preview"]
+    if preview is None:
+        return Verdict(f"{provider} did {what}.", "Nothing to do.", "ok")
+    if preview.missing:
+        names = ", ".join(preview.missing)
+        return Verdict(
+            f"{provider} did {what}, but its receipt has no {names}: it cannot be compensated yet.",
+            f"If it must be undone, resolve it with the {names} {provider} shows.",
+            "attention",
+        )
+    return Verdict(
+        f"{provider} did {what}.",
+        "Nothing to do, unless it must be undone: compensate within its window.",
+        "ok",
     )
