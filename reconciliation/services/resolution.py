@@ -56,10 +56,10 @@ def effect_resolve(
         current = Effect.objects.select_for_update().select_related("command").get(pk=effect.pk)
         before = current.status
         amending = before == S.CONFIRMED and outcome == RecordOutcome.CONFIRMED
-        if amending and not amendable(current):
+        if amending and not _adds_to_manual_receipt(current, manual):
             raise InvalidTransition(
-                f"Effect {current.pk} is CONFIRMED with the provider's own receipt: its "
-                "receipt is not recorded by hand."
+                f"Effect {current.pk} is CONFIRMED: only a receipt recorded by hand (and no "
+                "provider's) can be completed, with an operation id or a field it lacks."
             )
         if not amending and not resolvable(current):
             raise InvalidTransition(
@@ -104,11 +104,26 @@ def resolvable(effect: Effect) -> bool:
 
 
 def amendable(effect: Effect) -> bool:
-    """A CONFIRMED effect whose receipts are only a person's (or none): confirming it again
-    with the fields its manual receipt lacked appends a new manual receipt."""
+    """A CONFIRMED effect whose receipts are only a person's: confirming it again with the
+    fields its manual receipt lacked appends a new manual receipt."""
     if effect.status != S.CONFIRMED:
         return False
-    return not effect.receipts.exclude(source=Receipt.Source.MANUAL).exists()
+    sources = set(effect.receipts.values_list("source", flat=True))
+    return sources == {Receipt.Source.MANUAL}
+
+
+def _adds_to_manual_receipt(effect: Effect, manual: ManualReceipt) -> bool:
+    """The new resolution says something the latest manual receipt does not (so that two
+    people confirming the same effect at once still meet a 409, not a silent second write)."""
+    if not amendable(effect):
+        return False
+    latest = (
+        effect.receipts.filter(source=Receipt.Source.MANUAL).order_by("-received_at", "-id").first()
+    )
+    assert latest is not None
+    if manual.operation_id and manual.operation_id != latest.provider_operation_id:
+        return True
+    return any(latest.result.get(name) != value for name, value in manual.result.items())
 
 
 @dataclass(frozen=True)

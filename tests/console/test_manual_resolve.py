@@ -77,7 +77,15 @@ def test_confirming_stores_a_receipt_recorded_by_the_operator(oscar, bot):
 
 
 def test_no_compensate_button_when_the_charge_id_is_missing(oscar, bot):
-    effect = set_state(submit(bot.principal, CHARGE), status="CONFIRMED", confirmed_at=None)
+    from reconciliation.services import effect_resolve
+
+    # Confirmed by hand, from a phone call: no operation id, no charge id.
+    effect = effect_resolve(
+        effect=escalated_unknown(bot.principal, CHARGE),
+        principal=oscar.principal,
+        outcome="confirmed",
+        evidence="the customer's bank statement",
+    )
     html = page(oscar, effect)
     assert "compensate" not in buttons(html, effect)
     missing = html[html.index('id="compensation-missing"') :]
@@ -89,6 +97,30 @@ def test_no_compensate_button_when_the_charge_id_is_missing(oscar, bot):
     head = html[: html.index('class="facts"')]
     assert "compensate within its window" not in head
     assert "cannot be compensated yet" in head
+
+    # Supplying the charge id there makes the refund buildable.
+    response = oscar.htmx(
+        "post",
+        f"/effects/{effect.pk}/resolve",
+        {"outcome": "confirmed", "evidence": "billing console", "field_charge_id": "ch_9"},
+    )
+    assert response.status_code == 200, response.content
+    assert f'action="/effects/{effect.pk}/compensate"' in response.content.decode()
+    # Saying it again adds nothing: refused like any resolve of a settled effect.
+    again = oscar.htmx(
+        "post",
+        f"/effects/{effect.pk}/resolve",
+        {"outcome": "confirmed", "evidence": "billing console", "field_charge_id": "ch_9"},
+    )
+    assert again.status_code == 409
+
+
+def test_a_confirmed_effect_without_any_receipt_cannot_be_compensated_nor_resolved(oscar, bot):
+    effect = set_state(submit(bot.principal, CHARGE), status="CONFIRMED")
+    html = page(oscar, effect)
+    assert "compensate" not in buttons(html, effect) and "resolve" not in buttons(html, effect)
+    missing = html[html.index('id="compensation-missing"') :]
+    assert "issue the compensation by hand" in missing[: missing.index("</p>")]
 
 
 def test_compensate_button_and_verdict_when_the_receipt_has_the_charge_id(oscar, bot):
