@@ -1218,6 +1218,12 @@ export interface components {
             outcome: components["schemas"]["ResolveOutcomeEnum"];
             /** @description What you checked and what it showed (provider console, ticket, call). */
             evidence: string;
+            /** @description The provider's operation id, as its console shows it (confirmed only). */
+            operation_id?: string;
+            /** @description The contract's receipt_fields as the provider shows them (e.g. charge_id): stored with the operation id as the effect's receipt, recorded by a person. */
+            result?: {
+                [key: string]: string;
+            };
         };
         RevokeRequest: {
             reason?: string;
@@ -1404,6 +1410,7 @@ export interface components {
             irreversible_boundary?: string | null;
             irreversible: boolean;
             automatic_compensation?: boolean;
+            receipt_fields?: string[];
             personal_fields?: string[];
         };
         /** @description Why: the plan step (not part of the digest). */
