@@ -262,6 +262,8 @@ class CaseRow:
     verdict: verdict_module.Verdict | None = None
     # The case's evidence without the fields nobody filled (a lookup that got no answer).
     evidence: dict[str, Any] | None = None
+    # What the resolve form asks for besides the operation id (the contract's receipt_fields).
+    receipt_fields: tuple[str, ...] = ()
 
 
 def case_verdict(case: Any) -> verdict_module.Verdict:
@@ -283,6 +285,7 @@ def case_verdict(case: Any) -> verdict_module.Verdict:
 def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
     operator = role_may(principal, OPERATOR_ROLES)
     unresolved = case.state in choices.UNRESOLVED
+    contract = get_contract(case.effect.type)
     return CaseRow(
         case=case,
         age=duration_label(now - case.opened_at),
@@ -291,6 +294,7 @@ def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
         may_resolve=operator and unresolved and resolution.resolvable(case.effect),
         may_close=operator and unresolved and case.effect.status not in TO_RECONCILE,
         verdict=case_verdict(case),
+        receipt_fields=contract.receipt_fields if contract else (),
         evidence={
             key: value for key, value in (case.evidence or {}).items() if value not in (None, "")
         },

@@ -205,3 +205,27 @@ def test_an_open_case_on_a_manually_confirmed_effect_is_named(oscar, bot):
     open_case(effect, reason="mismatch", text="charge_id ch_real, not ch_typo")
     html = page(oscar, effect)
     assert "but a later answer disagrees" in html
+
+
+def test_a_case_is_resolved_with_the_operation_id_and_the_charge_id(oscar, bot):
+    from reconciliation.models import Case
+
+    effect = escalated_unknown(bot.principal, CHARGE)
+    case = Case.objects.get(effect=effect)
+    html = oscar.client.get("/cases").content.decode()
+    assert f'id="case-{case.pk}-operation-id"' in html
+    assert f'id="case-{case.pk}-field-charge_id"' in html
+    response = oscar.htmx(
+        "post",
+        f"/cases/{case.pk}/resolve",
+        {
+            "outcome": "confirmed",
+            "evidence": "billing console",
+            "operation_id": "op_case",
+            "field_charge_id": "ch_case",
+        },
+    )
+    assert response.status_code == 200, response.content
+    receipt = Receipt.objects.get(effect=effect)
+    assert (receipt.source, receipt.provider_operation_id) == ("manual", "op_case")
+    assert receipt.result == {"charge_id": "ch_case"}
