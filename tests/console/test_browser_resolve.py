@@ -90,15 +90,15 @@ def test_hard_unknown_resolved_with_the_charge_id_then_refunded(
     hands.click(page.get_by_text("Resolve with evidence…"))
     hands.click(page.get_by_role("radio", name=re.compile("^confirmed")))
     hands.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "evidence"
+    hands.press("End")
+    hands.type("captured in billing")
+    hands.press("Tab")
     assert page.evaluate("document.activeElement.name") == "operation_id"
     hands.paste(operation_id)
     hands.press("Tab")
     assert page.evaluate("document.activeElement.name") == "field_charge_id"
     hands.paste(charge_id)
-    hands.press("Tab")
-    assert page.evaluate("document.activeElement.name") == "evidence"
-    hands.press("End")
-    hands.type("captured in billing")
     hands.click(page.get_by_role("button", name="Record the resolution"))
     page.locator("#flash").get_by_text(re.compile("^Resolved")).wait_for()
 
