@@ -110,7 +110,7 @@ class ReceiptFields(NamedTuple):
 
 
 def _receipt_body(receipt: Receipt | ReceiptFields) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "effect": receipt.effect_id,
         "attempt": receipt.attempt_id,
         "source": receipt.source,
@@ -122,6 +122,12 @@ def _receipt_body(receipt: Receipt | ReceiptFields) -> dict[str, Any]:
         "result_digest": receipt.result_digest,
         "at": receipt.received_at.isoformat(),
     }
+    # A person's receipt seals who recorded it and why (a provider's has neither).
+    recorded_by = getattr(receipt, "recorded_by", "")
+    if recorded_by:
+        body["recorded_by"] = recorded_by
+        body["evidence"] = getattr(receipt, "evidence", "")
+    return body
 
 
 def receipt_seal(receipt: Receipt | ReceiptFields) -> str:
@@ -174,7 +180,7 @@ def _statement(body: dict[str, Any]) -> bytes:
 def checkpoint_make(tenant: Tenant, *, now: datetime | None = None) -> dict[str, Any]:
     """The tenant's current tree head, signed."""
     head = AuditChainHead.objects.filter(tenant_id=tenant.pk).first()
-    body = {
+    body: dict[str, Any] = {
         "version": VERSION,
         "tenant": tenant.slug,
         "tenant_id": tenant.pk,

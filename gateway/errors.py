@@ -52,6 +52,18 @@ class InvalidTransition(GatewayError):
     title = "The effect is not in a state that allows this"
 
 
+class CompensationNotBuildable(GatewayError):
+    """The compensating command lacks a field the receipt did not give (``missing``)."""
+
+    status = 409
+    slug = "compensation-not-buildable"
+    title = "The compensating command cannot be built"
+
+    def __init__(self, detail: str, *, missing: list[str]) -> None:
+        super().__init__(detail, extra={"missing": missing})
+        self.missing = missing
+
+
 class TokenRevoked(GatewayError):
     status = 409
     slug = "token-revoked"

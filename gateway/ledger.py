@@ -233,9 +233,17 @@ def annotate(
 
 
 def record_receipt(
-    effect: Effect, result: CallResult, *, source: str, attempt_id: int | None, now: datetime
+    effect: Effect,
+    result: CallResult,
+    *,
+    source: str,
+    attempt_id: int | None,
+    now: datetime,
+    recorded_by: str = "",
+    evidence: str = "",
 ) -> Receipt | None:
-    """The provider's operation as received (None when the answer named none)."""
+    """The provider's operation as received (None when the answer named none); or, with
+    ``recorded_by`` and ``evidence``, the operation as a person confirmed it by hand."""
     operation = result.operation
     if operation is None:
         return None
@@ -251,6 +259,8 @@ def record_receipt(
         result=operation.result,
         result_digest=sha256_digest(operation.result),
         received_at=now,
+        recorded_by=recorded_by,
+        evidence=evidence,
     )
     receipt.seal = receipt_seal(receipt)  # verify_audit reports an edited receipt
     receipt.save(force_insert=True)

@@ -469,6 +469,8 @@ class Receipt(models.Model):
         DISPATCH = "dispatch"
         RECONCILER = "reconciler"
         WEBHOOK = "webhook"
+        # Recorded by a person who confirmed the effect by hand (``recorded_by``, ``evidence``).
+        MANUAL = "manual"
 
     # Indexed by (effect, -received_at) below, which starts with it.
     effect = models.ForeignKey(
@@ -492,6 +494,9 @@ class Receipt(models.Model):
     result = models.JSONField(default=dict, blank=True)
     result_digest = models.CharField(max_length=71)
     received_at = models.DateTimeField()
+    # Who recorded a manual receipt and what proved it to them; blank for a provider's.
+    recorded_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    evidence = models.TextField(blank=True, default="", db_default="")
     # HMAC of the fields above under a key the database does not hold (gateway.checkpoints):
     # an edited receipt no longer matches it. Blank for receipts written before sealing.
     seal = models.CharField(max_length=64, blank=True)
@@ -501,6 +506,12 @@ class Receipt(models.Model):
             models.Index(fields=["effect", "-received_at"]),
             # The console's search by a provider operation id named in any receipt.
             HashIndex(fields=["provider_operation_id"], name="receipt_operation"),
+            # The reconciler's check of receipts recorded by a person (a few rows).
+            models.Index(
+                fields=["received_at"],
+                name="receipt_manual",
+                condition=models.Q(source="manual"),
+            ),
         ]
 
     def __str__(self) -> str:

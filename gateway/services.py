@@ -40,8 +40,10 @@ from gateway.choices import (
 )
 from gateway.choices import OPERATOR_ROLES as OPERATOR_ROLES
 from gateway.choices import SUBMITTER_ROLES as SUBMITTER_ROLES
+from gateway.compensating import compensation_plan
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import (
+    CompensationNotBuildable,
     DigestMismatch,
     IdempotencyKeyMismatch,
     InvalidTransition,
@@ -480,13 +482,13 @@ def effect_compensate(
                 f"The compensation window of {effect.pk} ended at {window_end.isoformat()}; "
                 f"compensation is now manual for {contract.owner}."
             )
-    receipt = effect.receipts.order_by("-received_at", "-id").first()
-    resource, payload = contract.compensation(
-        effect.command.resource,
-        command_payload(effect.command),
-        receipt.result if receipt else {},
-        effect.provider_operation_id,
-    )
+    plan = compensation_plan(effect, contract)
+    assert plan is not None  # the contract has a compensator
+    if not plan.buildable:
+        raise CompensationNotBuildable(
+            plan.how_to_supply(effect.type), missing=list(plan.missing or plan.problems)
+        )
+    resource, payload = plan.resource, plan.payload
     with transaction.atomic():
         submission = command_submit(
             principal=principal,

@@ -31,6 +31,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gateway.api.problems import PROBLEM_CONTENT_TYPE, json_problem_view, problem
 from gateway.choices import OPERATOR_ROLES, TO_RECONCILE, EffectStatus
+from gateway.console import verdict as verdict_module
 from gateway.console.base import (
     Action,
     ConsoleRequest,
@@ -46,6 +47,7 @@ from gateway.console.effects import changed_by, load_effect
 from gateway.console.extensions import BulkAction, EffectAction, Panel
 from gateway.console.forms import NoteForm, ReasonForm, RequiredReasonForm
 from gateway.console.selectors import owners
+from gateway.contracts import get_contract
 from gateway.errors import NotFound, NotPermitted
 from gateway.lib import jsonin
 from gateway.models import Effect, Principal
@@ -54,6 +56,7 @@ from gateway.templatetags.console import duration_label, money
 from reconciliation import bulk, choices, claims, presence, selectors, services
 from reconciliation.metrics import WEBHOOKS_REFUSED
 from reconciliation.models import Case, OrphanReceipt
+from reconciliation.services import resolution
 from reconciliation.webhooks import BadSignature, verify
 
 S = EffectStatus
@@ -189,6 +192,19 @@ class ResolveForm(forms.Form):
         widget=forms.Textarea,
         help_text="What proves it: a provider console link, a ticket, a statement line.",
     )
+    operation_id = forms.CharField(max_length=200, required=False)
+
+    # The contract's receipt fields arrive as ``field_<name>`` (the form lists the effect's).
+    FIELD_PREFIX = "field_"
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        cleaned["fields"] = {
+            key[len(self.FIELD_PREFIX) :]: value
+            for key, value in self.data.items()
+            if key.startswith(self.FIELD_PREFIX) and isinstance(value, str)
+        }
+        return cleaned
 
 
 # The outcomes an operator may record, as the forms of the pages list them.
@@ -196,8 +212,9 @@ RESOLVE_OUTCOMES = ResolveForm.OUTCOMES
 
 
 def resolvable(effect: Effect) -> bool:
-    """Whether an operator's resolution with evidence could apply (effect_resolve decides)."""
-    return effect.status in TO_RECONCILE or (effect.status == S.NOT_STARTED and effect.escalated)
+    """Whether an operator's resolution with evidence could apply (effect_resolve decides):
+    an uncertain effect, or one CONFIRMED by hand whose receipt lacks what it needs."""
+    return resolution.resolvable(effect) or resolution.amendable(effect)
 
 
 @dataclass(frozen=True)
@@ -241,18 +258,46 @@ class CaseRow:
     # The effect is settled (a confirmed charge whose later receipt disagreed): closed with a
     # note instead of resolved.
     may_close: bool = False
+    # The effect page's verdict: what happened and the safe next step, in words.
+    verdict: verdict_module.Verdict | None = None
+    # The case's evidence without the fields nobody filled (a lookup that got no answer).
+    evidence: dict[str, Any] | None = None
+    # What the resolve form asks for besides the operation id (the contract's receipt_fields).
+    receipt_fields: tuple[str, ...] = ()
+
+
+def case_verdict(case: Any) -> verdict_module.Verdict:
+    """The effect page's sentence for a case's effect, from what the row holds (no receipt
+    or lookup query per row: the operation id is the effect's)."""
+    effect = case.effect
+    contract = get_contract(effect.type)
+    proof = verdict_module.evidence(effect, contract, None)
+    unresolved = case.state in choices.UNRESOLVED
+    return verdict_module.verdict(
+        effect,
+        contract=contract,
+        receipt=None,
+        proof=proof,
+        page={"open_case": case if unresolved else None},
+    )
 
 
 def _case_row(principal: Principal, case: Any, now: datetime) -> CaseRow:
     operator = role_may(principal, OPERATOR_ROLES)
     unresolved = case.state in choices.UNRESOLVED
+    contract = get_contract(case.effect.type)
     return CaseRow(
         case=case,
         age=duration_label(now - case.opened_at),
         cost=money(case.effect.command.payload_redacted),
         may_acknowledge=operator and case.state == choices.CaseState.OPEN,
-        may_resolve=operator and unresolved and resolvable(case.effect),
+        may_resolve=operator and unresolved and resolution.resolvable(case.effect),
         may_close=operator and unresolved and case.effect.status not in TO_RECONCILE,
+        verdict=case_verdict(case),
+        receipt_fields=contract.receipt_fields if contract else (),
+        evidence={
+            key: value for key, value in (case.evidence or {}).items() if value not in (None, "")
+        },
     )
 
 
@@ -363,6 +408,8 @@ def _case_resolve(request: ConsoleRequest, case: Any, data: dict[str, Any]) -> s
         principal=request.principal,
         outcome=data["outcome"],
         evidence=data["evidence"],
+        operation_id=data.get("operation_id", ""),
+        fields=data.get("fields") or {},
     )
     return (
         f"Resolved {effect.pk} as {data['outcome']}, with your evidence on record; "
@@ -530,6 +577,8 @@ def _resolve(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> s
         principal=request.principal,
         outcome=data["outcome"],
         evidence=data["evidence"],
+        operation_id=data.get("operation_id", ""),
+        fields=data.get("fields") or {},
     )
     effect.refresh_from_db()
     return f"Resolved {effect.pk} as {data['outcome']}, with your evidence on record."

@@ -36,7 +36,7 @@ from gateway.console.base import (
     role_may,
 )
 from gateway.console.extensions import Panel
-from gateway.console.forms import NoteForm, ReasonForm
+from gateway.console.forms import NoteForm, ReasonForm, RequiredReasonForm
 from gateway.errors import NotFound
 from gateway.models import Command, Effect, Principal
 from gateway.templatetags.console import duration_label, since
@@ -359,7 +359,7 @@ def _saga_unfreeze(request: ConsoleRequest, run: Any, data: dict[str, Any]) -> s
 SAGA_ACTIONS: dict[str, Action] = {
     "resume": Action(ReasonForm, _saga_resume),
     "cancel": Action(SagaCancelForm, _saga_cancel),
-    "freeze": Action(ReasonForm, _saga_freeze),
+    "freeze": Action(RequiredReasonForm, _saga_freeze),
     "unfreeze": Action(ReasonForm, _saga_unfreeze),
 }
 

@@ -186,6 +186,7 @@ def _effect_type_schema() -> dict[str, Any]:
             "irreversible_boundary": {"type": ["string", "null"]},
             "irreversible": {"type": "boolean"},
             "automatic_compensation": {"type": "boolean"},
+            "receipt_fields": {"type": "array", "items": string},
             "personal_fields": {"type": "array", "items": string},
         },
         "required": [

@@ -238,7 +238,9 @@ def principal_freeze(request: ConsoleRequest, name: str, verb: str) -> HttpRespo
             )
         return f"Unfroze {target.name}."
 
-    return _controls_perform(request, form=forms.Form(request.POST), run=run, section="principals")
+    # Every freeze gives a reason (the same form as a type's); unfreezing needs none.
+    form = RequiredReasonForm(request.POST) if freeze else forms.Form(request.POST)
+    return _controls_perform(request, form=form, run=run, section="principals")
 
 
 @require_POST

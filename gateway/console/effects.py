@@ -24,6 +24,7 @@ from gateway.choices import (
     TERMINAL,
     EffectStatus,
 )
+from gateway.compensating import compensation_plan
 from gateway.console import extensions, verdict
 from gateway.console.approvals import approval_card, blocked_reasons
 from gateway.console.base import (
@@ -157,6 +158,8 @@ def _compensation(
 
 
 def _may_compensate(effect: Effect, contract: EffectContract | None, now: datetime) -> bool:
+    """Compensation could be asked for now (the contract, the status, the window); whether its
+    command can be built is the plan's to say (``compensation_plan``)."""
     if contract is None or not contract.compensator or contract.compensation is None:
         return False
     if effect.status != S.CONFIRMED:
@@ -164,6 +167,34 @@ def _may_compensate(effect: Effect, contract: EffectContract | None, now: dateti
     if contract.compensation_window and effect.confirmed_at:
         return now <= effect.confirmed_at + contract.compensation_window
     return True
+
+
+@dataclass(frozen=True)
+class CompensationPreview:
+    """The compensating command as the form will send it (``payload`` redacted for a viewer
+    who may not see it), or why it cannot be built (``missing``, ``how``)."""
+
+    type: str
+    payload: dict[str, Any]
+    missing: tuple[str, ...]
+    how: str
+
+
+def compensation_preview(
+    effect: Effect, contract: EffectContract | None, receipt: Receipt | None, *, may_see: bool
+) -> CompensationPreview | None:
+    """None unless compensation could be asked for now; else the built command or its gap."""
+    if not _may_compensate(effect, contract, timezone.now()):
+        return None
+    plan = compensation_plan(effect, contract, receipt)
+    if plan is None:
+        return None
+    compensator = get_contract(plan.type)
+    payload = plan.payload
+    if not may_see and compensator is not None:
+        payload = services.redact(payload, compensator)
+    how = "" if plan.buildable else plan.how_to_supply(effect.type)
+    return CompensationPreview(plan.type, payload, plan.missing or tuple(plan.problems), how)
 
 
 def available_actions(
@@ -183,7 +214,9 @@ def available_actions(
             actions.add("unfreeze")
         elif effect.status not in TERMINAL:
             actions.add("freeze")
-        if _may_compensate(effect, get_contract(effect.type), timezone.now()):
+        # Never offered when its command cannot be built: the page says why instead.
+        preview = page.get("compensation_preview") if page else None
+        if preview is not None and not preview.missing:
             actions.add("compensate")
     requester = effect.command.requested_by_id == principal.pk
     if effect.status in BEFORE_DISPATCH and (operator or (requester and not principal.frozen)):
@@ -243,6 +276,7 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
     )
     proof = verdict.evidence(effect, contract, receipt)
     compensation = _compensation(effect, contract, receipt, now)
+    page["compensation_preview"] = compensation_preview(effect, contract, receipt, may_see=may_see)
     return page | {
         "verdict": verdict.verdict(
             effect, contract=contract, receipt=receipt, proof=proof, page=page
@@ -251,6 +285,8 @@ def _effect_context(request: ConsoleRequest, effect: Effect) -> dict[str, Any]:
         # The resolve form starts with what the provider knows the effect by: the engineer
         # adds what they saw there, not ids copied by hand.
         "resolve_evidence": resolve_evidence(proof),
+        "resolve_operation_id": resolve_operation_id(proof, page.get("records") or []),
+        "resolve_fields": resolve_fields(contract, receipt),
         "settled": effect.status in SETTLED,
         # Said next to the buttons, not only in the Compensation panel further down.
         "irreversible_warning": irreversible_warning(contract, compensation),
@@ -295,6 +331,28 @@ def resolve_evidence(proof: verdict.Evidence) -> str:
     if proof.operation_id:
         parts.append(f"operation {proof.operation_id}")
     return ", ".join(parts) + ": "
+
+
+def resolve_operation_id(proof: verdict.Evidence, records: list[Any]) -> str:
+    """The provider operation id the resolve form starts with: the effect's, else the one
+    the newest lookup that named one saw."""
+    if proof.operation_id:
+        return proof.operation_id
+    for record in reversed(records):
+        if getattr(record, "provider_operation_id", ""):
+            return str(record.provider_operation_id)
+    return ""
+
+
+def resolve_fields(
+    contract: EffectContract | None, receipt: Receipt | None
+) -> list[tuple[str, str]]:
+    """(name, value to start with) of each receipt field the contract declares: what a
+    person confirming the effect by hand supplies for its compensation and saga steps."""
+    if contract is None:
+        return []
+    result = receipt.result if receipt is not None else {}
+    return [(name, str(result.get(name) or "")) for name in contract.receipt_fields]
 
 
 def irreversible_warning(contract: EffectContract | None, compensation: Compensation | None) -> str:
@@ -403,7 +461,7 @@ def _compensate(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -
 ACTIONS: dict[str, Action] = {
     "approve": Action(ApproveForm, _approve),
     "reject": Action(ReasonForm, _reject),
-    "freeze": Action(ReasonForm, _freeze),
+    "freeze": Action(RequiredReasonForm, _freeze),
     "unfreeze": Action(ReasonForm, _unfreeze),
     "cancel": Action(ReasonForm, _cancel),
     "compensate": Action(RequiredReasonForm, _compensate),

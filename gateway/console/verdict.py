@@ -103,7 +103,7 @@ def verdict(
     if effect.status == S.UNKNOWN:
         return _unknown_verdict(effect, provider, key, what, page.get("failing_since"))
     if effect.status == S.CONFIRMED:
-        return _confirmed_verdict(provider, key, what, proof, page.get("open_case"))
+        return _confirmed_verdict(provider, key, what, proof, page)
     return _status_verdict(effect, provider, key, what)
 
 
@@ -133,9 +133,11 @@ def _unknown_verdict(
 
 
 def _confirmed_verdict(
-    provider: str, key: str, what: str, proof: Evidence, open_case: Any
+    provider: str, key: str, what: str, proof: Evidence, page: dict[str, Any]
 ) -> Verdict:
-    """A CONFIRMED effect, unless a later answer disagrees (an open case)."""
+    """A CONFIRMED effect, unless a later answer disagrees (an open case); whether it can be
+    compensated (``_confirmed``)."""
+    open_case = page.get("open_case")
     if open_case is not None:
         return Verdict(
             f"{provider} did {what}, but a later answer disagrees "
@@ -144,11 +146,7 @@ def _confirmed_verdict(
             "with what you found.",
             "danger",
         )
-    return Verdict(
-        f"{provider} did {what}.",
-        "Nothing to do, unless it must be undone: compensate within its window.",
-        "ok",
-    )
+    return _confirmed(provider, what, page)
 
 
 def _status_verdict(effect: Effect, provider: str, key: str, what: str) -> Verdict:
@@ -195,4 +193,27 @@ def _status_verdict(effect: Effect, provider: str, key: str, what: str) -> Verdi
         f"Nothing was done at {provider}: the command is {status.lower()}.",
         "Nothing to do.",
         "muted",
+    )
+
+
+def _confirmed(provider: str, what: str, page: dict[str, Any]) -> Verdict:
+    """``page["compensation_preview"]`` (the effect page's; absent elsewhere): None when
+    compensation cannot be asked for, else the command or the fields it lacks."""
+    if "compensation_preview" not in page:
+        next_step = "Nothing to do, unless it must be undone: compensate within its window."
+        return Verdict(f"{provider} did {what}.", next_step, "ok")
+    preview = page["compensation_preview"]
+    if preview is None:
+        return Verdict(f"{provider} did {what}.", "Nothing to do.", "ok")
+    if preview.missing:
+        names = ", ".join(preview.missing)
+        return Verdict(
+            f"{provider} did {what}, but its receipt has no {names}: it cannot be compensated yet.",
+            f"If it must be undone, resolve it with the {names} {provider} shows.",
+            "attention",
+        )
+    return Verdict(
+        f"{provider} did {what}.",
+        "Nothing to do, unless it must be undone: compensate within its window.",
+        "ok",
     )

@@ -137,6 +137,10 @@ class EffectContract:
     # True when the compensator may be issued without a human deciding to.
     automatic_compensation: bool = True
     compensation: CompensationBuilder | None = None
+    # The fields of the provider's result that the compensator (and the saga steps after it)
+    # read from the receipt: what an operator who confirms the effect by hand must supply.
+    # Not part of the fingerprint: it names what is read, it promises nothing new.
+    receipt_fields: tuple[str, ...] = ()
     personal_fields: tuple[str, ...] = ()
     # The provider's own console for one operation, as a template of ``{base}`` (the
     # provider's URL), ``{provider_key}`` and ``{operation_id}``; None: it has none.
@@ -216,6 +220,7 @@ class EffectContract:
             "irreversible_boundary": self.irreversible_boundary,
             "irreversible": self.irreversible,
             "automatic_compensation": self.automatic_compensation,
+            "receipt_fields": list(self.receipt_fields),
             "personal_fields": list(self.personal_fields),
         }
 

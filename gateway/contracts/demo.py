@@ -151,6 +151,7 @@ CONTRACTS.append(
         compensation_window=timedelta(days=30),
         irreversible_boundary="payout_settled",
         compensation=_refund_charge,
+        receipt_fields=("charge_id",),
         console_url=_BILLING_CONSOLE,
     )
 )
@@ -204,6 +205,7 @@ CONTRACTS.append(
         compensator="inventory.reservation.release",
         compensation_window=timedelta(days=7),
         compensation=_release_reservation,
+        receipt_fields=("reservation_id",),
     )
 )
 
@@ -255,6 +257,7 @@ CONTRACTS.append(
         compensation_window=timedelta(hours=12),
         irreversible_boundary="handed_to_carrier",
         compensation=_cancel_shipment,
+        receipt_fields=("shipment_id",),
         personal_fields=("address",),
     )
 )
@@ -388,6 +391,7 @@ CONTRACTS.append(
         compensator="ticket.close",
         compensation_window=timedelta(days=14),
         compensation=_close_ticket,
+        receipt_fields=("ticket_id",),
     )
 )
 

@@ -14,6 +14,20 @@ class ResolveSerializer(serializers.Serializer):
         max_length=4000,
         help_text="What you checked and what it showed (provider console, ticket, call).",
     )
+    operation_id = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="The provider's operation id, as its console shows it (confirmed only).",
+    )
+    result = serializers.DictField(
+        child=serializers.CharField(max_length=200, allow_blank=True),
+        required=False,
+        help_text=(
+            "The contract's receipt_fields as the provider shows them (e.g. charge_id): "
+            "stored with the operation id as the effect's receipt, recorded by a person."
+        ),
+    )
 
 
 class AcknowledgeSerializer(serializers.Serializer):

@@ -53,7 +53,12 @@ class EffectResolveView(APIView):
         effect = ledger_selectors.effect_get(principal=principal, effect_id=effect_id)
         body = valid_body(ResolveSerializer, request)
         services.effect_resolve(
-            effect=effect, principal=principal, outcome=body["outcome"], evidence=body["evidence"]
+            effect=effect,
+            principal=principal,
+            outcome=body["outcome"],
+            evidence=body["evidence"],
+            operation_id=body.get("operation_id", ""),
+            fields=body.get("result") or {},
         )
         return _effect_response(request, effect.pk)
 

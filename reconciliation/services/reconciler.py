@@ -456,6 +456,9 @@ def reconcile_due(*, time_budget: float | None = None, batch_size: int = 50) -> 
     from reconciliation.bulk import effects_probe_escalated
 
     work += effects_probe_escalated()
+    from reconciliation.services.manual import manual_receipts_verify
+
+    work += manual_receipts_verify(deadline=deadline)
     while time.monotonic() < deadline:
         claimed = reconcile_next_batch(limit=batch_size, deadline=deadline)
         work += claimed

@@ -51,7 +51,7 @@ def test_operator_freezes_in_place_with_a_flash(oscar, bot):
 
 def test_without_javascript_a_form_post_redirects_back_with_the_message(oscar, bot):
     effect = submit(bot.principal, REFUND)
-    response = action(oscar, effect, "freeze", htmx=False)
+    response = action(oscar, effect, "freeze", {"reason": "INC-7"}, htmx=False)
     assert response.status_code == 302
     assert response["Location"] == f"/effects/{effect.pk}"
     page = oscar.client.get(response["Location"]).content.decode()
@@ -69,7 +69,7 @@ def test_approvers_and_agents_cannot_freeze(request, who, bot):
     effect = submit(bot.principal, REFUND)
     before = events(effect)
     assert "freeze" not in buttons(person, effect)
-    response = action(person, effect, "freeze")
+    response = action(person, effect, "freeze", {"reason": "INC-7"})
     assert response.status_code == 403
     assert response["HX-Retarget"] == "#flash"
     assert response["HX-Reswap"] == "innerHTML"
@@ -82,7 +82,7 @@ def test_approvers_and_agents_cannot_freeze(request, who, bot):
 
 def test_a_domain_error_without_javascript_is_a_flash_after_redirect(alice, bot):
     effect = submit(bot.principal, REFUND)
-    response = action(alice, effect, "freeze", htmx=False)
+    response = action(alice, effect, "freeze", {"reason": "INC-7"}, htmx=False)
     assert response.status_code == 302
     page = alice.client.get(response["Location"]).content.decode()
     assert "Not permitted" in page and "cannot freeze" in page

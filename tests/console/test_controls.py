@@ -149,7 +149,7 @@ def test_without_javascript_a_change_redirects_back(oscar):
 
 
 def test_freeze_and_unfreeze_a_principal(oscar, bot):
-    response = post(oscar, "/controls/principals/refund-bot/freeze")
+    response = post(oscar, "/controls/principals/refund-bot/freeze", {"reason": "INC-9 loops"})
     assert response.status_code == 200
     html = response.content.decode()
     assert html.lstrip().startswith('<section id="principals"')

@@ -159,12 +159,19 @@ def test_freeze_stops_the_run_in_place(oscar, order):
 
 
 def test_without_javascript_an_action_redirects_back(oscar, order):
-    response = action(oscar, order, "freeze", htmx=False)
+    response = action(oscar, order, "freeze", {"reason": "warehouse INC-31"}, htmx=False)
     assert response.status_code == 302
     assert response["Location"] == f"/sagas/{order.pk}"
     assert "Froze" in oscar.client.get(response["Location"]).content.decode()
     order.refresh_from_db()
-    assert order.frozen and order.frozen_reason == "frozen by an operator"
+    assert order.frozen and order.frozen_reason == "warehouse INC-31"
+
+
+def test_a_freeze_without_a_reason_is_refused_and_changes_nothing(oscar, order):
+    response = action(oscar, order, "freeze", {"reason": ""})
+    assert response.status_code == 400
+    order.refresh_from_db()
+    assert not order.frozen
 
 
 def test_cancel_stops_future_steps_and_cancels_the_unsent_one(oscar, order):
@@ -200,7 +207,7 @@ def test_approvers_and_agents_cannot_freeze_or_resume(request, who, order):
     html = someone.client.get(f"/sagas/{order.pk}").content.decode()
     assert "Freeze…" not in html and "Resume…" not in html
     for name in ("freeze", "resume", "unfreeze"):
-        assert action(someone, order, name).status_code == 403, name
+        assert action(someone, order, name, {"reason": "INC-7"}).status_code == 403, name
     order.refresh_from_db()
     assert not order.frozen
 

@@ -1321,6 +1321,12 @@ export interface components {
             outcome: components["schemas"]["ResolveOutcomeEnum"];
             /** @description What you checked and what it showed (provider console, ticket, call). */
             evidence: string;
+            /** @description The provider's operation id, as its console shows it (confirmed only). */
+            operation_id?: string;
+            /** @description The contract's receipt_fields as the provider shows them (e.g. charge_id): stored with the operation id as the effect's receipt, recorded by a person. */
+            result?: {
+                [key: string]: string;
+            };
         };
         RevokeRequest: {
             reason?: string;
@@ -1524,6 +1530,7 @@ export interface components {
             irreversible_boundary?: string | null;
             irreversible: boolean;
             automatic_compensation?: boolean;
+            receipt_fields?: string[];
             personal_fields?: string[];
         };
         /** @description Why: the plan step (not part of the digest). */
@@ -2706,7 +2713,7 @@ export interface operations {
     v1_effect_types_retrieve: {
         parameters: {
             query?: {
-                /** @description true: only the types the caller may submit (an agent's live grants; operators and admins act under their role and see every type). MCP servers list these as tools. */
+                /** @description true: only the types the caller may submit (an agent's live grants; operators and admins see every type: under a grant, or waiting for an approver). MCP servers list these as tools. */
                 permitted?: boolean;
             };
             header?: never;
