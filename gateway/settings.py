@@ -701,6 +701,8 @@ AXES_USE_ATTEMPT_EXPIRATION = True
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "gateway.lib.client_ip.client_ip"
 AXES_LOCKOUT_CALLABLE = "gateway.console.auth.locked_out"
+# Its start-up banner on every manage.py call is noise (the attempts are rows it keeps).
+AXES_VERBOSE = False
 GATEWAY_METRICS_TOKEN = env_str(
     "GATEWAY_METRICS_TOKEN",
     "",
