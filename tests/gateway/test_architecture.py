@@ -12,6 +12,7 @@ import gateway
 from gateway import capabilities, hooks, moves
 from gateway.console import extensions
 from gateway.webhooks.apps import announce_creation, announce_transition
+from reconciliation import job_views
 from reconciliation import views as reconciliation_views
 from sagas import listeners
 from sagas import views as sagas_views
@@ -42,7 +43,7 @@ def test_the_console_extensions_are_filled_after_django_setup():
         reconciliation_views.effect_holder_panel,
         sagas_views.effect_panel,
     ]
-    assert extensions.triage_panels == [sagas_views.triage_panel]
+    assert extensions.triage_panels == [job_views.jobs_panel, sagas_views.triage_panel]
     assert set(extensions.effect_actions) == {
         "reconcile",
         "resolve",
