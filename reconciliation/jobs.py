@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 # Effects handled between two saves of the progress (and two looks at a cancel).
 CHUNK = 25
-# A running job whose worker has not saved progress for this long is taken over.
+# A running job whose worker has not saved progress for this long is taken over (and never
+# sooner than a chunk of lookups that each take the provider's whole timeout: _stale_after).
 STALE_AFTER = timedelta(minutes=2)
 # A queued job no worker has taken for this long is sent again by the sweep.
 QUEUED_RESEND_AFTER = timedelta(seconds=30)
@@ -147,10 +149,15 @@ def bulk_job_cancel(*, job_id: int, principal: Principal) -> BulkJob:
     return job
 
 
+def _stale_after() -> timedelta:
+    slowest_chunk = timedelta(seconds=CHUNK * float(settings.GATEWAY_PROVIDER_TIMEOUT))
+    return max(STALE_AFTER, 2 * slowest_chunk)
+
+
 def _take_lease(job_id: int, now) -> str | None:
     lease = uuid.uuid4().hex
     free = Q(state=BulkJobState.QUEUED) | Q(
-        state=BulkJobState.RUNNING, heartbeat_at__lt=now - STALE_AFTER
+        state=BulkJobState.RUNNING, heartbeat_at__lt=now - _stale_after()
     )
     taken = BulkJob.objects.filter(free, pk=job_id).update(
         state=BulkJobState.RUNNING, lease=lease, heartbeat_at=now
@@ -202,7 +209,7 @@ def bulk_jobs_resume(*, now=None) -> int:
     stale heartbeat). Returns how many were sent."""
     now = now or timezone.now()
     stale = Q(state=BulkJobState.QUEUED, created_at__lt=now - QUEUED_RESEND_AFTER) | Q(
-        state=BulkJobState.RUNNING, heartbeat_at__lt=now - STALE_AFTER
+        state=BulkJobState.RUNNING, heartbeat_at__lt=now - _stale_after()
     )
     ids = list(BulkJob.objects.filter(stale).values_list("pk", flat=True)[:100])
     for job_id in ids:
@@ -223,7 +230,7 @@ def bulk_job_summary(job: BulkJob) -> str:
     elif job.state == BulkJobState.FAILED:
         head = f"Stopped by an error after {job.done} of {job.total}; {head}"
     elif job.state != BulkJobState.DONE:
-        head = f"{job.done} of {job.total} looked at so far; {head}"
+        head = f"{job.done} of {job.total} looked up so far"
     return f"{head}: {parts}."
 
 

@@ -86,6 +86,9 @@ def test_the_click_answers_with_a_job_and_the_worker_looks_each_effect_up_once(
     assert token is None  # nothing polls a finished job
     page = oscar.client.get("/").content.decode()
     assert "Bulk jobs" in page and "30 settled" in page
+    # Its own page too (the list without the queue).
+    page = oscar.client.get("/triage/jobs").content.decode()
+    assert "<h1>Bulk jobs</h1>" in page and "30 settled" in page
 
 
 def test_the_summary_says_what_each_effect_came_to_in_plain_words(
@@ -115,6 +118,10 @@ def test_a_cancel_stops_the_job_between_chunks(oscar, bot, sandbox, eager_tasks)
     job = BulkJob.objects.get()
     # A worker that has done one chunk of 5 (and stops there, as a slow one would be).
     assert jobs.bulk_job_run(job_id=job.pk, chunk=5, max_chunks=1) == 5
+    # The card's poll shows the progress, and keeps polling while the job runs.
+    card = oscar.htmx("get", "/triage/jobs").content.decode()
+    assert "5 / 12" in card and "Running" in card and 'hx-trigger="every 2s"' in card
+    assert "5 of 12 looked up so far: 5 confirmed by lookup" in card
     response = oscar.htmx("post", f"/triage/jobs/{job.pk}/cancel")
     assert response.status_code == 200
     assert "Cancelled after 5 of 12" in response.content.decode()
@@ -139,7 +146,7 @@ def test_a_redelivered_job_resumes_and_looks_no_effect_up_twice(oscar, bot, sand
     assert jobs.bulk_job_run(job_id=job.pk, chunk=5) == 0
     # Later (the sweep, or a redelivery after the lease went stale) another worker resumes.
     BulkJob.objects.filter(pk=job.pk).update(
-        heartbeat_at=timezone.now() - jobs.STALE_AFTER - timedelta(seconds=1)
+        heartbeat_at=timezone.now() - jobs._stale_after() - timedelta(seconds=1)
     )
     sent: list[int] = []
     import reconciliation.jobs as module
