@@ -430,19 +430,6 @@ def test_no_page_breaks_the_content_security_policy(
     page.context.close()
 
 
-@pytest.fixture
-def job_queue():
-    """A broker queue of this test's own, which the live server sends its tasks to."""
-    from gateway.celery import app as celery_app
-    from tests.support.processes import new_queue
-
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
-
-
 @pytest.mark.worker
 def test_a_500_effect_outage_is_settled_in_two_clicks_by_a_background_job(
     browser, live_server, oscar, bot, sandbox, job_queue, tmp_path, shots
