@@ -195,7 +195,11 @@ def bulk_job_run(*, job_id: int, chunk: int = CHUNK, max_chunks: int | None = No
             handled += len(results)
             chunks += 1
             if not saved:
-                # Cancelled (or taken over after a long stall): stop between chunks.
+                # Cancelled (or taken over after a long stall): stop between chunks. What
+                # this chunk did is kept on a cancelled job (its count says how far it got).
+                BulkJob.objects.filter(pk=job.pk, lease=lease, state=BulkJobState.CANCELLED).update(
+                    results=job.results
+                )
                 break
     except Exception as exc:
         logger.exception("bulk job failed", extra={"job_id": job_id})

@@ -197,3 +197,24 @@ def test_only_operators_start_or_cancel_jobs(alice, oscar, bot, sandbox):
     job = BulkJob.objects.get()
     assert alice.htmx("post", f"/triage/jobs/{job.pk}/cancel").status_code in (403, 409)
     assert BulkJob.objects.get().state == "queued"
+
+
+def test_a_chunk_under_way_when_the_job_is_cancelled_is_counted(oscar, bot, sandbox):
+    _outage(bot, sandbox, 8)
+    oscar.htmx("post", "/triage/bulk/reconcile", {**GROUP, "expected": 8})
+    job = BulkJob.objects.get()
+    real = jobs.JOB_ACTIONS["lookup"]
+
+    def cancelled_meanwhile(job, ids, principal):
+        results = real[1](job, ids, principal)
+        jobs.bulk_job_cancel(job_id=job.pk, principal=oscar.principal)
+        return results
+
+    jobs.JOB_ACTIONS["lookup"] = (real[0], cancelled_meanwhile)
+    try:
+        assert jobs.bulk_job_run(job_id=job.pk, chunk=3) == 3
+    finally:
+        jobs.JOB_ACTIONS["lookup"] = real
+    job.refresh_from_db()
+    assert (job.state, job.done) == ("cancelled", 3)
+    assert jobs.bulk_job_summary(job).startswith("Cancelled after 3 of 8; 3 of 8 settled")

@@ -469,6 +469,7 @@ def test_every_page_in_both_viewports(
         (f"/sagas/{run.pk}", "saga"),
         ("/controls", "controls"),
         ("/search?q=ord_881", "search"),
+        ("/triage/jobs", "bulk-jobs"),
     ):
         page.goto(f"{live_server.url}{path}")
         check_page(page, viewport, path)
