@@ -832,6 +832,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "reconciliation.tasks.reconcile_due",
         "schedule": timedelta(seconds=GATEWAY_RECONCILE_INTERVAL),
     },
+    "resume-bulk-jobs": {
+        "task": "reconciliation.tasks.resume_bulk_jobs",
+        "schedule": timedelta(seconds=GATEWAY_SWEEP_INTERVAL),
+    },
     "tally-effects": {
         "task": "reconciliation.tasks.tally_effects",
         "schedule": timedelta(seconds=GATEWAY_TALLY_INTERVAL),

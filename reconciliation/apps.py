@@ -9,7 +9,7 @@ class ReconciliationConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway.console import extensions
-        from reconciliation import claims, views, waker  # noqa: F401  (waker: its Celery receivers)
+        from reconciliation import claims, job_views, views, waker  # noqa: F401  (waker: its Celery receivers)
         from reconciliation.metrics import register_collector
 
         register_collector()
@@ -29,3 +29,5 @@ class ReconciliationConfig(AppConfig):
         extensions.add_triage_holders(claims.holders)
         for name, bulk_action in views.BULK_ACTIONS.items():
             extensions.add_bulk_action(name, bulk_action)
+        # The bulk jobs those actions started, above the queue.
+        extensions.add_triage_panel(job_views.jobs_panel)

@@ -10,7 +10,6 @@ engineer saw, and each one is re-checked here.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -105,40 +104,6 @@ def effects_rearm(
                     continue
                 done.append(effect.pk)
     return done
-
-
-def effects_reconcile_now(
-    *, effect_ids: Iterable[str], principal: Principal, deadline_seconds: float = 60.0
-) -> BulkResult:
-    """Re-arm the escalated ones, then ask the provider about each effect now (the operator's
-    "Reconcile now" on every effect of the group). Each lookup is ``effect_reconcile``'s own,
-    with its record and event; what the time budget leaves is due for the reconciler."""
-    ledger.require_role(principal, OPERATOR_ROLES, "reconcile effects")
-    ids = list(dict.fromkeys(effect_ids))[:BULK_LIMIT]
-    result = BulkResult(asked=len(ids))
-    effects_rearm(
-        effect_ids=ids,
-        actor=principal.label,
-        principal=principal,
-        reason=f"re-armed with {len(ids)} effects of a group, to be looked up now",
-    )
-    deadline = time.monotonic() + deadline_seconds
-    for effect_id in ids:
-        if time.monotonic() >= deadline:
-            result.count("left for the reconciler")
-            continue
-        try:
-            record = services.effect_reconcile(
-                effect_id=effect_id, actor=principal.label, principal=principal
-            )
-        except GatewayError as exc:
-            # Settled meanwhile (a 409), or not this tenant's: said in the summary.
-            result.refused.append(f"{effect_id}: {exc.detail}")
-            continue
-        if record is not None:
-            result.changed += 1
-            result.count(record.outcome)
-    return result
 
 
 def effects_take(*, effect_ids: Iterable[str], principal: Principal, note: str = "") -> BulkResult:

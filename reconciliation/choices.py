@@ -84,3 +84,16 @@ class WebhookOutcome(models.TextChoices):
 class OrphanState(models.TextChoices):
     OPEN = "open"
     RESOLVED = "resolved"
+
+
+class BulkJobState(models.TextChoices):
+    """Where a bulk job is: waiting for a worker, being worked, or over."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+BULK_JOB_ACTIVE = frozenset({BulkJobState.QUEUED, BulkJobState.RUNNING})

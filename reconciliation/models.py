@@ -3,7 +3,8 @@
 A *reconciliation record* is one lookup of the provider (or one operator's decision) and is
 never updated. A *case* is an effect handed to its owning team. *Webhook deliveries* are the
 provider's asynchronous receipts, kept once per (provider, event id); a receipt that names no
-command of ours is kept as an *orphan receipt*, never dropped.
+command of ours is kept as an *orphan receipt*, never dropped. A *bulk job* is one action on a
+group of effects (look them all up), worked in the background, its progress kept per effect.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from gateway.lib.ids import new_id
 from gateway.models import Effect, Principal, Tenant
 from reconciliation.choices import (
     UNRESOLVED,
+    BulkJobState,
     CaseReason,
     CaseState,
     LookupBy,
@@ -277,3 +279,60 @@ class TallyHead(models.Model):
 
     def __str__(self) -> str:
         return f"tally of {self.tenant_id} at {self.position}"
+
+
+class BulkJob(models.Model):
+    """One action on a group of effects, started from the console and worked by a worker."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    started_by = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="+")
+    action = models.CharField(max_length=32)
+    # What the engineer saw: "billing.refund.create at billing, escalated".
+    group = models.CharField(max_length=300)
+    # The ids the group had when the job was started: the job never re-reads the filter.
+    effect_ids = models.JSONField(default=list)
+    # {effect id: outcome} for every effect handled: a redelivered job skips these.
+    results = models.JSONField(default=dict)
+    total = models.PositiveIntegerField()
+    state = models.CharField(
+        max_length=16, choices=BulkJobState.choices, default=BulkJobState.QUEUED
+    )
+    created_at = models.DateTimeField()
+    # The worker working it writes this after every chunk; a stale one is taken over.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    lease = models.CharField(max_length=32, blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=BulkJobState.values), name="bulk_job_state_valid"
+            ),
+        ]
+        indexes = [
+            # The console's list of a tenant's recent jobs.
+            models.Index(fields=["tenant", "-created_at"], name="bulk_job_recent"),
+            # The sweep: jobs a worker should be on (bulk_jobs_resume).
+            models.Index(
+                fields=["heartbeat_at"],
+                condition=Q(state__in=["queued", "running"]),
+                name="bulk_job_active",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} of {self.total} ({self.state})"
+
+    @property
+    def done(self) -> int:
+        return len(self.results)
+
+    def outcomes(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for outcome in self.results.values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        return counts

@@ -34,3 +34,19 @@ def tally_effects() -> int:
     """Beat, every GATEWAY_TALLY_INTERVAL: count the newly sealed status changes into the
     settled counts of the /metrics gauge (reconciliation.tally)."""
     return tally_pending()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_bulk_job(job_id: int) -> int:
+    """Work one bulk job of the console (look up a whole group); a redelivery resumes it."""
+    from reconciliation.jobs import bulk_job_run
+
+    return bulk_job_run(job_id=job_id)
+
+
+@shared_task(ignore_result=True)
+def resume_bulk_jobs() -> int:
+    """Beat, every GATEWAY_SWEEP_INTERVAL: send again the bulk jobs no worker is on."""
+    from reconciliation.jobs import bulk_jobs_resume
+
+    return bulk_jobs_resume()

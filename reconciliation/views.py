@@ -53,7 +53,7 @@ from gateway.lib import jsonin
 from gateway.models import Effect, Principal
 from gateway.providers.base import ProviderOperation
 from gateway.templatetags.console import duration_label, money
-from reconciliation import bulk, choices, claims, presence, selectors, services
+from reconciliation import bulk, choices, claims, job_views, presence, selectors, services
 from reconciliation.metrics import WEBHOOKS_REFUSED
 from reconciliation.models import Case, OrphanReceipt
 from reconciliation.services import resolution
@@ -706,16 +706,6 @@ CLAIM_ACTIONS: dict[str, EffectAction] = {
 }
 
 
-def _bulk_reconcile(request: ConsoleRequest, ids: list[str], group: Any) -> str:
-    result = bulk.effects_reconcile_now(effect_ids=ids, principal=request.principal)
-    said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(result.outcomes.items()))
-    refused = f"; {len(result.refused)} refused (settled meanwhile)" if result.refused else ""
-    return (
-        f"Looked up {result.changed} of {result.asked} effects at {group.provider}: "
-        f"{said or 'nothing'}{refused}."
-    )
-
-
 def _bulk_rearm(request: ConsoleRequest, ids: list[str], group: Any) -> str:
     done = bulk.effects_rearm(
         effect_ids=ids,
@@ -736,11 +726,13 @@ def _bulk_take(request: ConsoleRequest, ids: list[str], group: Any) -> str:
 
 
 BULK_ACTIONS: dict[str, BulkAction] = {
+    # A background job (reconciliation.jobs): the click answers with the job's card.
     "reconcile": BulkAction(
         "Look up all {count} now",
         frozenset({"escalated", "unknown", "overdue"}),
-        _bulk_reconcile,
+        job_views.start_lookup,
         tone="primary",
+        answer=job_views.jobs_oob,
     ),
     "rearm": BulkAction("Re-arm lookups of {count}", frozenset({"escalated"}), _bulk_rearm),
     "take": BulkAction("Take all {count}", frozenset(), _bulk_take),

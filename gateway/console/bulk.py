@@ -4,7 +4,8 @@ type and cause), confirmed with the count the engineer saw.
 The group is re-read when the post arrives; when it no longer has the count the button said,
 nothing is done and the queue is redrawn (a 409): an engineer never acts on effects they
 did not see. Each action calls, per effect, the service a single effect gets (reconciliation
-registers its own: look up now, re-arm, take); freezing the type is the controls' service.
+registers its own: look up now, as a background job, re-arm, take); freezing the type or the
+requester is the controls' service, and asks for a reason and a confirmation.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class MenuItem:
     name: str
     label: str
     tone: str
+    # A freeze: the form asks for a reason, and the button for a confirmation (``confirm``).
+    confirm: str = ""
 
 
 class BulkForm(forms.Form):
@@ -58,6 +61,13 @@ class BulkForm(forms.Form):
     expected = forms.IntegerField(min_value=1, max_value=BULK_LIMIT)
     # The triage queue's query string the form was on, to redraw (and go back to) it.
     query = forms.CharField(max_length=2000, required=False)
+    # Why (the freezes require one; it goes into the freeze's event).
+    reason = forms.CharField(max_length=500, required=False, strip=True)
+
+
+def _reason(request: ConsoleRequest, ids: list[str], group: TriageGroup) -> str:
+    said = request.POST.get("reason", "").strip()[:500]
+    return f"{said} (incident: {len(ids)} effects {group.cause_label} at {group.provider})"
 
 
 def _freeze_type(request: ConsoleRequest, ids: list[str], group: TriageGroup) -> str:
@@ -66,7 +76,7 @@ def _freeze_type(request: ConsoleRequest, ids: list[str], group: TriageGroup) ->
         effect_type=group.type,
         principal=request.principal,
         frozen=True,
-        reason=f"incident: {len(ids)} effects {group.cause_label} at {group.provider}",
+        reason=_reason(request, ids, group),
     )
     if not changed:
         return f"{group.type} was frozen already: nothing of it is dispatched."
@@ -90,17 +100,21 @@ def _freeze_principal(request: ConsoleRequest, ids: list[str], group: TriageGrou
         target=target,
         principal=request.principal,
         frozen=True,
-        reason=f"incident: {len(ids)} effects {group.cause_label} at {group.provider}",
+        reason=_reason(request, ids, group),
     )
     return f"Froze {target.name}: it submits nothing and nothing of it is dispatched."
 
 
 GATEWAY_ACTIONS: dict[str, extensions.BulkAction] = {
     "freeze-type": extensions.BulkAction(
-        label="Freeze the type", causes=frozenset(), run=_freeze_type, tone="attention"
+        label="Freeze the type", causes=frozenset(), run=_freeze_type, tone="quiet", reason=True
     ),
     "freeze-principal": extensions.BulkAction(
-        label="Freeze the requester", causes=frozenset(), run=_freeze_principal, tone="attention"
+        label="Freeze the requester",
+        causes=frozenset(),
+        run=_freeze_principal,
+        tone="quiet",
+        reason=True,
     ),
 }
 
@@ -113,10 +127,27 @@ def available_bulk_actions(principal: Principal, group: TriageGroup) -> list[Men
         for name, action in extensions.bulk_actions.items():
             if not action.causes or group.cause in action.causes:
                 items.append(MenuItem(name, action.label.format(count=group.count), action.tone))
-        items.append(MenuItem("freeze-type", f"Freeze {group.type}", "attention"))
+        # The freezes come last and quiet, each with a reason and one confirmation prompt.
+        items.append(
+            MenuItem(
+                "freeze-type",
+                f"Freeze {group.type}",
+                "quiet",
+                confirm=f"Freeze {group.type}? No new effect of this type is dispatched "
+                "until someone unfreezes it.",
+            )
+        )
         # Offered on every group (who asked is on the commands, not read for the menu); a
         # group asked for by several principals is refused with a 409 that says so.
-        items.append(MenuItem("freeze-principal", "Freeze the requester", "attention"))
+        items.append(
+            MenuItem(
+                "freeze-principal",
+                "Freeze the requester",
+                "quiet",
+                confirm="Freeze the principal who asked for these effects? It submits nothing "
+                "and nothing of it is dispatched until someone unfreezes it.",
+            )
+        )
     return items
 
 
@@ -161,12 +192,17 @@ def triage_bulk(request: ConsoleRequest, action: str) -> HttpResponse:
 
         context = _triage_context(request, query) | {"oob": oob}
         html = render_to_string("gateway/effect_triage.html#queue", context, request=request)
-        return html + badges_oob(request)
+        more = spec.answer(request) if spec.answer is not None and not oob else ""
+        return html + badges_oob(request) + more
 
     def run(data: dict[str, Any]) -> str:
         if not role_may(request.principal, OPERATOR_ROLES):
             raise InvalidTransition(
                 f"A principal with role {request.principal.role} cannot act on groups."
+            )
+        if spec.reason and not data["reason"]:
+            raise ValidationProblem(
+                "Say why: a freeze is kept with its reason.", errors={"reason": ["required"]}
             )
         group, ids = _group_ids(request, data)
         return spec.run(request, ids, group)

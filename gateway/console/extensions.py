@@ -53,12 +53,16 @@ class BulkAction:
     """An action on a group of effects of the triage queue: its button label (with the
     count), the causes it is offered for (empty: every group), and the call, which gets the
     effect ids of the group (as many as the engineer saw) and the group, and returns what to
-    tell them."""
+    tell them. ``reason``: the form asks for a reason and a confirmation (the freezes);
+    ``answer``: more of the page to redraw after it (out of band), e.g. the started job's card.
+    """
 
     label: str
     causes: frozenset[str]
     run: Callable[[ConsoleRequest, list[str], Any], str]
     tone: str = ""
+    reason: bool = False
+    answer: Callable[[ConsoleRequest], str] | None = None
 
 
 EffectPanel = Callable[["Principal", "Effect"], Panel]

@@ -311,3 +311,17 @@ def escalated_unknown(principal: Principal, body: dict = REFUND, **changes: Any)
     add_failed_lookups(effect, 8)
     open_case(effect, reason="lookup_budget_exhausted", text="8 inconclusive lookups")
     return effect
+
+
+@pytest.fixture
+def job_queue():
+    """A broker queue of this test's own, which the live server sends its tasks to (and a
+    real worker of the test consumes: the bulk jobs)."""
+    from gateway.celery import app as celery_app
+    from tests.support.processes import new_queue
+
+    name = new_queue()
+    previous = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = name
+    yield name
+    celery_app.conf.task_default_queue = previous

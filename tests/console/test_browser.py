@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -429,4 +430,59 @@ def test_no_page_breaks_the_content_security_policy(
             page.wait_for_timeout(5_500)  # a 5-second poll fires
         seen += page.evaluate("window.__violations")
     assert seen == []
+    page.context.close()
+
+
+@pytest.mark.worker
+def test_a_500_effect_outage_is_settled_in_two_clicks_by_a_background_job(
+    browser, live_server, oscar, bot, sandbox, job_queue, tmp_path, shots
+):
+    """500 charges escalated while billing was down, all made at the provider: "Look up all
+    500 now" answers at once with the job's card; a real worker looks each one up once."""
+    from collections import Counter
+
+    from gateway.models import Effect
+    from tests.console.conftest import captured_at_provider, escalated_unknown
+    from tests.support.processes import Celery
+
+    started = time.monotonic()
+    effects = [
+        escalated_unknown(bot.principal, resource={"type": "order", "id": f"ord_{n}"})
+        for n in range(500)
+    ]
+    for effect in effects:
+        captured_at_provider(sandbox, effect)
+    print(f"500 escalated effects made in {time.monotonic() - started:.1f} s")
+    worker = Celery("worker", job_queue, tmp_path / "worker.log", pool="solo")
+    try:
+        page = page_for(browser, live_server, "oscar@acme")
+        group = page.locator('li[data-group="billing/billing.refund.create/escalated"]')
+        clicks = 0
+        group.get_by_text("Act on all 500…").click()
+        clicks += 1
+        with page.expect_response(lambda r: "/triage/bulk/reconcile" in r.url) as answer:
+            group.get_by_role("button", name="Look up all 500 now").click()
+            clicks += 1
+        response = answer.value
+        response.finished()
+        seconds = response.request.timing["responseEnd"] / 1000
+        print(f"the click was answered in {seconds * 1000:.0f} ms")
+        assert response.status == 200
+        assert seconds < 3.0, seconds
+        card = page.locator("#bulk-jobs .job-card").first
+        card.wait_for()
+        assert "/ 500" in card.inner_text()
+        page.locator('#bulk-jobs .job-card[data-state="done"]').wait_for(timeout=240_000)
+        text = page.locator("#bulk-jobs .job-card").first.inner_text()
+        assert "500 settled: 500 confirmed by lookup" in text, text
+        assert "0 still unknown" in text and "started by oscar" in text
+        page.screenshot(path=shots / "triage-bulk-job.png", full_page=True)
+        assert clicks <= 3
+    finally:
+        worker.stop()
+    assert Effect.objects.filter(pk__in=[e.pk for e in effects], status="CONFIRMED").count() == 500
+    lookups = Counter(
+        op["idempotency_key"] for op in sandbox.log() if op["action"].startswith("lookup")
+    )
+    assert lookups == Counter({e.command.provider_key: 1 for e in effects})
     page.context.close()

@@ -49,14 +49,19 @@ def test_triage_groups_the_queue_by_provider_type_and_cause(oscar, bot):
     assert "3 effects need a human" in filtered
 
 
-def test_150_escalated_effects_are_settled_by_one_bulk_post(oscar, bot, sandbox):
+def test_150_escalated_effects_are_settled_by_one_bulk_post(
+    oscar, bot, sandbox, eager_tasks, django_capture_on_commit_callbacks
+):
     effects = _outage(bot, 150)
     for effect in effects:
         captured_at_provider(sandbox, effect)
     creates_before = len([op for op in sandbox.log() if op.get("action") == "create"])
-    response = oscar.htmx("post", "/triage/bulk/reconcile", {**GROUP, "expected": 150})
+    with django_capture_on_commit_callbacks(execute=True):
+        # A background job (tests/console/test_bulk_jobs.py), worked eagerly after commit.
+        response = oscar.htmx("post", "/triage/bulk/reconcile", {**GROUP, "expected": 150})
     assert response.status_code == 200, response.content
-    assert "Looked up 150 of 150 effects at billing: 150 confirmed" in response.content.decode()
+    jobs = oscar.htmx("get", "/triage/jobs").content.decode()
+    assert "150 settled: 150 confirmed by lookup" in jobs
     assert Effect.objects.filter(pk__in=[e.pk for e in effects], status="CONFIRMED").count() == 150
     # One "rearmed" event per effect, then the reconciler's own transition.
     assert EffectEvent.objects.filter(kind="rearmed").count() == 150
@@ -101,7 +106,7 @@ def test_take_all_and_freeze_the_type(oscar, bot):
     assert Case.objects.filter(effect__in=effects, state="acknowledged").count() == 2
     html = oscar.client.get("/").content.decode()
     assert html.count('<span class="chip chip-ok">oscar</span>') == 2
-    oscar.htmx("post", "/triage/bulk/freeze-type", {**GROUP, "expected": 2})
+    oscar.htmx("post", "/triage/bulk/freeze-type", {**GROUP, "expected": 2, "reason": "outage"})
     assert EffectTypeFreeze.objects.filter(type="billing.refund.create").exists()
 
 
@@ -230,7 +235,9 @@ def test_freeze_the_requester_of_a_group(oscar, bot):
     _outage(bot, 2)
     html = oscar.client.get("/").content.decode()
     assert "Freeze the requester" in html
-    response = oscar.htmx("post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2})
+    response = oscar.htmx(
+        "post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2, "reason": "a loop"}
+    )
     assert "Froze refund-bot" in response.content.decode()
     bot.principal.refresh_from_db()
     assert bot.principal.frozen
@@ -239,7 +246,9 @@ def test_freeze_the_requester_of_a_group(oscar, bot):
 def test_freeze_the_requester_is_refused_for_a_group_of_several(oscar, bot, root):
     _outage(bot, 1)
     escalated_unknown(root.principal)
-    response = oscar.htmx("post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2})
+    response = oscar.htmx(
+        "post", "/triage/bulk/freeze-principal", {**GROUP, "expected": 2, "reason": "a loop"}
+    )
     assert response.status_code == 409
     assert "asked for by 2 principals" in response.content.decode()
     root.principal.refresh_from_db()

@@ -13,6 +13,7 @@ from gateway import capabilities, hooks, moves
 from gateway.agent_hooks import console as agent_hooks_console
 from gateway.console import extensions
 from gateway.webhooks.apps import announce_creation, announce_transition, record_waiter
+from reconciliation import job_views
 from reconciliation import views as reconciliation_views
 from sagas import listeners
 from sagas import views as sagas_views
@@ -45,7 +46,7 @@ def test_the_console_extensions_are_filled_after_django_setup():
         sagas_views.effect_panel,
         agent_hooks_console.effect_panel,
     ]
-    assert extensions.triage_panels == [sagas_views.triage_panel]
+    assert extensions.triage_panels == [job_views.jobs_panel, sagas_views.triage_panel]
     assert set(extensions.effect_actions) == {
         "reconcile",
         "resolve",
