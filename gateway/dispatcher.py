@@ -83,6 +83,7 @@ from gateway import deadlines, fastpath, moves, services
 from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
 from gateway.lib import broker
 from gateway.lib.failpoints import failpoint
+from gateway.lib.service_threads import ServiceThreads
 
 logger = logging.getLogger(__name__)
 
@@ -695,7 +696,7 @@ class _FailureStreak:
             self.count = 0
 
 
-class Drainers:
+class Drainers(ServiceThreads):
     """The threads of a worker process that answer wake-ups: each waits on the queue's wake-up
     list (``BLPOP``, a Redis connection of its own) and drains (``drain``) when it pops one.
     No broker message per drain: a submission's announce is one script call, and a drain
@@ -710,24 +711,11 @@ class Drainers:
     WAIT_SECONDS = 1.0  # how long a BLPOP blocks before looking at ``stopping`` again
     RECONNECT_SECONDS = 2.0  # the longest pause between tries while Redis is down
 
+    name = "drainer"
+
     def __init__(self, queue: str, count: int) -> None:
         self.flag = DueFlag(queue)
-        self.stopping = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._serve, name=f"drainer_{index}", daemon=True)
-            for index in range(count)
-        ]
-
-    def start(self) -> Drainers:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def stop(self, timeout: float) -> None:
-        self.stopping.set()
-        deadline = time.monotonic() + timeout
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        super().__init__(count)
 
     def _serve(self) -> None:
         from django.db import close_old_connections, connection

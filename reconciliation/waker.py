@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import time
 from datetime import datetime
 
@@ -46,6 +45,7 @@ from django.utils import timezone
 
 from gateway import deadlines
 from gateway.lib import broker
+from gateway.lib.service_threads import ServiceThreads
 from reconciliation import selectors
 from reconciliation.services import effects_recover_expired_leases, reconcile_next_batch
 
@@ -57,26 +57,10 @@ WAIT_SECONDS = 1.0  # the longest BLPOP before looking at ``stopping`` again
 FAILURE_PAUSE_MAX = 5.0
 
 
-class Wakers:
+class Wakers(ServiceThreads):
     """The waker threads of one process."""
 
-    def __init__(self, count: int) -> None:
-        self.stopping = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._serve, name=f"waker_{index}", daemon=True)
-            for index in range(count)
-        ]
-
-    def start(self) -> Wakers:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def stop(self, timeout: float) -> None:
-        self.stopping.set()
-        deadline = time.monotonic() + timeout
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+    name = "waker"
 
     def _serve(self) -> None:
         from django.db import close_old_connections, connection
