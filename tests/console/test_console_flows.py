@@ -33,7 +33,7 @@ from tests.console.conftest import (
     start_saga,
     submit,
 )
-from tests.console.test_browser import browser, shots  # noqa: F401 - fixtures
+from tests.console.test_browser import browser, settled_by_either, shots  # noqa: F401 - fixtures
 
 AXE = Path(__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
 
@@ -248,7 +248,7 @@ def test_150_effect_outage_is_settled_in_5_clicks(
     finally:
         worker.stop()
     card = page.locator("#bulk-jobs .job-card").first.inner_text()
-    assert "150 settled: 150 confirmed by lookup" in card, card
+    assert settled_by_either(card, 150), card  # by the job's lookups or the wakers
     clicks, _ = counts(page)
     assert 0 < clicks <= 5, clicks
     assert Effect.objects.filter(pk__in=[e.pk for e in effects], status="CONFIRMED").count() == 150
