@@ -5,8 +5,8 @@ A head is ``{"kind", "tenant", "tenant_id", "tree_size", "root_hash", "timestamp
 "signature"}``: the signature is Ed25519 over the canonical JSON of every other field, so a
 tree head can never be read as a chain checkpoint (gateway.checkpoints) signed by the same
 key. A witness cosignature (``manage.py audit_witness``) is its own key's signature over the
-tree the head names (tenant, size, root, gateway key) and the time it checked it. ``verify_audit`` and the witness run these
-checks on files and HTTP answers alone.
+tree the head names (tenant, size, root, gateway key) and the time it checked it.
+``verify_audit`` and the witness run these checks on files and HTTP answers alone.
 """
 
 from __future__ import annotations
