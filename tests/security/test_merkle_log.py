@@ -204,3 +204,38 @@ def test_the_witness_cosigns_and_raises_the_alarm_on_a_rewritten_log(
     ok, out = command("audit_witness", *witness, "--once")
     assert not ok and "ALARM: the log was rewritten" in out, out
     assert "does not extend the tree of size" in out
+
+
+def test_the_migration_gives_leaves_to_events_sealed_before_the_tree(agent, sandbox):
+    import importlib
+
+    from django.apps import apps
+
+    ledger_with_history(agent, 2)
+    written = list(
+        AuditLeaf.objects.order_by("tenant_id", "index").values_list(
+            "tenant_id", "index", "event_id", "leaf_hash"
+        )
+    )
+    raw_sql(("DELETE FROM gateway_auditleaf", []))
+    migration = importlib.import_module("gateway.migrations.0017_audit_leaf")
+    migration.leaves_for_sealed_events(apps, None)
+    again = list(
+        AuditLeaf.objects.order_by("tenant_id", "index").values_list(
+            "tenant_id", "index", "event_id", "leaf_hash"
+        )
+    )
+    assert [(t, i, e, bytes(h)) for t, i, e, h in again] == [
+        (t, i, e, bytes(h)) for t, i, e, h in written
+    ]
+    assert len(written) > 5
+
+
+def test_the_leaves_are_append_only(agent, sandbox):
+    from django.db import DatabaseError, transaction
+
+    ledger_with_history(agent, 1)
+    with pytest.raises(DatabaseError), transaction.atomic():
+        AuditLeaf.objects.filter(index=0).update(leaf_hash=b"x" * 32)
+    with pytest.raises(DatabaseError), transaction.atomic():
+        AuditLeaf.objects.filter(index=0).delete()
