@@ -239,3 +239,20 @@ def test_the_leaves_are_append_only(agent, sandbox):
         AuditLeaf.objects.filter(index=0).update(leaf_hash=b"x" * 32)
     with pytest.raises(DatabaseError), transaction.atomic():
         AuditLeaf.objects.filter(index=0).delete()
+
+
+def test_principals_grants_tokens_and_freezes_are_links_of_the_chain(agent, operator):
+    from gateway import capabilities
+
+    capabilities.principal_set_frozen(
+        target=agent.principal, principal=operator.principal, frozen=True, reason="test"
+    )
+    audit.seal_pending()
+    kinds = set(
+        EffectEvent.objects.filter(
+            pk__in=audit.chain_event_ids(agent.principal.tenant_id)
+        ).values_list("kind", flat=True)
+    )
+    assert {"principal_created", "token_issued", "capability_granted", "principal_frozen"} <= kinds
+    created = EffectEvent.objects.get(kind="principal_created", subject="principal:oscar")
+    assert created.data == {"role": "operator"}
