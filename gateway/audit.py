@@ -44,9 +44,9 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from gateway.lib import prepared
+from gateway.lib import merkle, prepared
 from gateway.lib.digest import canonical_json
-from gateway.models import AuditBatch, AuditChainHead, EffectEvent
+from gateway.models import AuditBatch, AuditChainHead, AuditLeaf, EffectEvent
 
 GENESIS = "0" * 64
 LINK_BYTES = 32
@@ -74,6 +74,12 @@ def _effect_link_body(event: EffectEvent) -> dict[str, Any]:
         "data": event.data,
         "at": event.created_at.isoformat(),
     }
+
+
+def leaf_bytes(event: EffectEvent) -> bytes:
+    """The event's link body as canonical JSON: what its chain link and its Merkle leaf
+    (gateway.audit_tree) hash."""
+    return canonical_json(_link_body(event))
 
 
 def link_hash(prev_hash: str, event: EffectEvent) -> str:
@@ -239,10 +245,19 @@ def seal_tenant(
                 )
             return 0
         events = [_event_from_row(row[3:]) for row in rows]
-        previous, links = head.last_hash, []
-        for event in events:
-            previous = link_hash(previous, event)
+        previous, links, leaves = head.last_hash, [], []
+        for position, event in enumerate(events, start=head.length):
+            body = leaf_bytes(event)
+            previous = hashlib.sha256(previous.encode() + body).hexdigest()
             links.append(bytes.fromhex(previous))
+            leaves.append(
+                AuditLeaf(
+                    tenant_id=tenant_id,
+                    index=position,
+                    event_id=event.pk,
+                    leaf_hash=merkle.leaf_hash(body),
+                )
+            )
         now = timezone.now()
         sealed = AuditBatch.objects.create(
             tenant_id=tenant_id,
@@ -255,6 +270,7 @@ def seal_tenant(
             max_txid=max(row[2] for row in rows),
             sealed_at=now,
         )
+        AuditLeaf.objects.bulk_create(leaves)
         # Everything visible below this snapshot's xmin is now sealed; when the batch limit
         # cut the read short, everything below the last transaction it reached (the read is
         # in transaction order), so that catching up on a backlog stays linear.

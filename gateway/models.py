@@ -209,6 +209,25 @@ class AuditBatch(models.Model):
         return f"links {self.first}-{self.last} of {self.tenant_id}"
 
 
+class AuditLeaf(models.Model):
+    """One leaf of a tenant's Merkle tree (gateway.audit_tree): a sealed event, at its place
+    in sealing order (``index`` 0 is chain position 1), with SHA-256(0x00 || its link body).
+    Written by the sequencer with the batch that seals the event; never updated or deleted."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    index = models.BigIntegerField()
+    event_id = models.BigIntegerField(db_index=True)
+    leaf_hash = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "index"], name="audit_leaf_order"),
+        ]
+
+    def __str__(self) -> str:
+        return f"leaf {self.index} of {self.tenant_id}"
+
+
 # The inserting transaction's id, as a bigint continuous across clusters (gateway migration
 # 0013 defines the function; ``manage.py audit_rebase`` moves it on after a logical restore).
 CURRENT_TXID = Func(function="gateway_txid", output_field=models.BigIntegerField())

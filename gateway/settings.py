@@ -793,6 +793,13 @@ GATEWAY_CHECKPOINT_DIR = env_str(
     shown="`checkpoints/` under `GATEWAY_VAR_DIR`",
     doc="Where signed audit checkpoints are appended (outside the database).",
 )
+GATEWAY_WITNESS_DIR = env_str(
+    "GATEWAY_WITNESS_DIR",
+    str(VAR_DIR / "witness"),
+    shown="`witness/` under `GATEWAY_VAR_DIR`",
+    doc="The audit witness's own directory (`manage.py audit_witness`): its Ed25519 key and "
+    "the tree heads it cosigned. Give it a directory the gateway cannot write.",
+)
 GATEWAY_CHECKPOINT_INTERVAL = env_number(
     "GATEWAY_CHECKPOINT_INTERVAL", 300, doc="Seconds between signed audit checkpoints."
 )

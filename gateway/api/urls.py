@@ -2,7 +2,13 @@ from django.urls import include, path, re_path
 from rest_framework.routers import SimpleRouter
 
 from gateway.api import views
-from gateway.api.audit import AuditCheckpointsView
+from gateway.api.audit import (
+    AuditCheckpointsView,
+    AuditConsistencyView,
+    AuditCosignaturesView,
+    AuditInclusionView,
+    AuditTreeHeadView,
+)
 from gateway.api.tokens import TokenViewSet
 
 router = SimpleRouter(trailing_slash=False)
@@ -14,6 +20,10 @@ urlpatterns = [
     path("commands", views.CommandSubmitView.as_view(), name="command-submit"),
     path("effect-types", views.EffectTypesView.as_view(), name="effect-types"),
     path("audit/checkpoints", AuditCheckpointsView.as_view(), name="audit-checkpoints"),
+    path("audit/tree-head", AuditTreeHeadView.as_view(), name="audit-tree-head"),
+    path("audit/proof/inclusion", AuditInclusionView.as_view(), name="audit-proof-inclusion"),
+    path("audit/proof/consistency", AuditConsistencyView.as_view(), name="audit-proof-consistency"),
+    path("audit/cosignatures", AuditCosignaturesView.as_view(), name="audit-cosignatures"),
     re_path(
         r"^effect-types/(?P<effect_type>[a-z0-9_.]+)/(?P<verb>freeze|unfreeze)$",
         views.EffectTypeFreezeView.as_view(),

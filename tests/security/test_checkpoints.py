@@ -13,6 +13,7 @@ from django.db import DatabaseError, connection, transaction
 
 from gateway import audit, checkpoints, services
 from gateway.audit import link_hash
+from gateway.lib import merkle
 from gateway.models import AuditBatch, AuditChainHead, Effect, EffectEvent, Receipt, Tenant
 
 pytestmark = pytest.mark.django_db
@@ -97,6 +98,17 @@ def rehash_chain(tenant_id: int, *, keep: set[int] | None = None) -> None:
     )
 
 
+def rehash_leaf(event_id: int) -> None:
+    """Recompute the Merkle leaf (gateway.audit_tree) of an edited event."""
+    event = EffectEvent.objects.get(pk=event_id)
+    raw_sql(
+        (
+            "UPDATE gateway_auditleaf SET leaf_hash = %s WHERE event_id = %s",
+            [merkle.leaf_hash(audit.leaf_bytes(event)), event_id],
+        )
+    )
+
+
 def test_checkpoints_are_signed_appended_outside_and_listed(
     agent, rival_agent, sandbox, checkpoint_dir
 ):
@@ -129,7 +141,10 @@ def test_a_rewritten_and_rehashed_history_fails_against_the_checkpoint(
     raw_sql(("UPDATE gateway_effectevent SET reason = 'nothing' WHERE id = %s", [first.pk]))
     rehash_chain(tenant.pk)
     ok, out = run()
-    assert ok, out  # the chain alone cannot tell: that was the gap
+    assert not ok and "does not match the event" in out  # the Merkle leaf still names it
+    rehash_leaf(first.pk)
+    ok, out = run()
+    assert ok, out  # chain and leaves re-hashed: the database alone cannot tell
     ok, out = run("--against", str(checkpoint_dir / "acme.jsonl"))
     assert not ok and "history before the checkpoint was rewritten" in out
 

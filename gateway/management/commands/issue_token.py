@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from gateway import audit
 from gateway.api.auth import token_create
 from gateway.capabilities import capability_grant
 from gateway.choices import Role
@@ -69,6 +70,15 @@ class Command(BaseCommand):
         principal_obj, created = Principal.objects.get_or_create(
             tenant=tenant_obj, name=principal, defaults={"role": role}
         )
+        if created:  # a principal and its role are control actions of the chain
+            audit.record_control(
+                tenant_id=tenant_obj.pk,
+                kind="principal_created",
+                subject=f"principal:{principal}",
+                actor="issue_token",
+                principal=principal_obj,
+                data={"role": role},
+            )
         if not created and principal_obj.role != role:
             raise CommandError(
                 f"{principal}@{tenant} exists with role {principal_obj.role}; "

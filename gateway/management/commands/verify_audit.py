@@ -6,13 +6,102 @@ lines, or JSON), prove the ledger extends every signed checkpoint in it. Exit st
 anything is broken.
 
 With ``--no-seal`` nothing is written: only the sealed part of each chain is verified, and the
-unsealed events (protected by the database trigger alone until sealed) are counted."""
+unsealed events (protected by the database trigger alone until sealed) are counted.
+
+The Merkle tree (gateway.audit_tree): ``--tree-head FILE`` (a saved signed head) with
+``--inclusion FILE`` (an inclusion proof), ``--old-head FILE --consistency FILE`` (the proof that
+the head extends an older one) and ``--witness-key B64`` (a witness cosignature of the head must
+be among its ``cosignatures``), each checked against the gateway key (``--public-key``). With
+``--url URL --token TOKEN`` the head and the proofs (``--event-id``, ``--old-head``) are fetched
+from the API instead of files. ``--offline`` checks only these, without the database."""
+
+import json
+from pathlib import Path
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gateway import checkpoints
+from gateway import audit_tree, checkpoints
 from gateway.audit import seal_state, seal_tenant, verify_tenant
+from gateway.lib import treehead, witness
 from gateway.models import Tenant
+
+
+def _load(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot read {path}: {exc}") from None
+
+
+def _fetch(options, path: str, params: dict[str, Any] | None = None) -> Any:
+    try:
+        return witness.call(options["url"], path, options.get("token") or "", params=params)
+    except witness.Unreachable as exc:
+        raise CommandError(f"cannot fetch {path}: {exc}") from None
+
+
+def _tree_inputs(options) -> tuple[Any, Any, Any, Any]:
+    """The head, the inclusion proof, the old head and the consistency proof (files or API)."""
+    old = _load(options["old_head"]) if options.get("old_head") else None
+    if not options.get("url"):
+        head = _load(options["tree_head"]) if options.get("tree_head") else None
+        inclusion = _load(options["inclusion"]) if options.get("inclusion") else None
+        proof = _load(options["consistency"]) if options.get("consistency") else None
+        return head, inclusion, old, proof
+    head = _fetch(options, "tree-head")
+    inclusion = proof = None
+    if options.get("event_id") is not None:
+        params = {"event_id": options["event_id"], "tree_size": head.get("tree_size")}
+        inclusion = _fetch(options, "proof/inclusion", params)
+    if old is not None:
+        params = {"first": old.get("tree_size"), "second": head.get("tree_size")}
+        proof = _fetch(options, "proof/consistency", params)
+    return head, inclusion, old, proof
+
+
+def tree_checks(options) -> tuple[list[str], int]:
+    """Check the given tree head and proofs; the lines to print and how many failed."""
+    head, inclusion, old, proof = _tree_inputs(options)
+    if head is None:
+        return [], 0
+    key = options.get("public_key") or (None if options.get("offline") else "")
+    if key is None:
+        raise CommandError("--offline needs --public-key, the gateway's key (base64)")
+    key = key or checkpoints.public_key_b64()
+    checks: list[tuple[str, Any]] = [("tree head", lambda: treehead.check_head(head, key))]
+    if inclusion is not None:
+        checks.append(("inclusion", lambda: treehead.check_inclusion(head, inclusion, key)))
+    if old is not None:
+        if proof is None:
+            raise CommandError("--old-head needs --consistency (or --url)")
+        checks.append(("consistency", lambda: treehead.check_consistency(old, head, proof, key)))
+    if options.get("witness_key"):
+        checks.append(("witness", lambda: _cosigned(head, options["witness_key"])))
+    lines, failed = [], 0
+    for name, check in checks:
+        try:
+            check()
+        except treehead.Invalid as exc:
+            failed += 1
+            lines.append(f"tree {name}: BROKEN: {exc}")
+        else:
+            lines.append(f"tree {name}: verified (size {head.get('tree_size')})")
+    return lines, failed
+
+
+def _cosigned(head: dict[str, Any], witness_key: str) -> None:
+    problems = []
+    for cosignature in head.get("cosignatures") or []:
+        try:
+            treehead.check_cosignature(head, cosignature, witness_key)
+        except treehead.Invalid as exc:
+            problems.append(str(exc))
+        else:
+            return
+    raise treehead.Invalid(
+        "no cosignature of the head by the witness key" + (f": {problems[0]}" if problems else "")
+    )
 
 
 class Command(BaseCommand):
@@ -32,6 +121,17 @@ class Command(BaseCommand):
             "--public-key",
             help="the trusted Ed25519 public key (base64); default: this deployment's",
         )
+        parser.add_argument("--tree-head", metavar="FILE", help="a saved signed tree head")
+        parser.add_argument("--inclusion", metavar="FILE", help="an inclusion proof")
+        parser.add_argument("--old-head", metavar="FILE", help="an older signed tree head")
+        parser.add_argument("--consistency", metavar="FILE", help="old head -> head proof")
+        parser.add_argument("--witness-key", help="a witness key that must have cosigned")
+        parser.add_argument("--url", help="fetch the head and proofs from this gateway")
+        parser.add_argument("--token", help="the bearer token for --url")
+        parser.add_argument("--event-id", type=int, help="with --url: prove this event")
+        parser.add_argument(
+            "--offline", action="store_true", help="check only the tree files, no database"
+        )
 
     def handle(
         self,
@@ -41,6 +141,13 @@ class Command(BaseCommand):
         against: str | None = None,
         **options,
     ):
+        lines, failed = tree_checks(options)
+        for line in lines:
+            self.stdout.write(line)
+        if options.get("offline"):
+            if failed or not lines:
+                raise CommandError(f"{failed} tree check(s) failed" if lines else "no tree head")
+            return
         tenants = Tenant.objects.order_by("slug")
         if tenant:
             tenants = tenants.filter(slug=tenant)
@@ -94,5 +201,10 @@ class Command(BaseCommand):
                 else:
                     broken += 1
                     self.stdout.write(f"{label}: BROKEN: {verdict.reason}")
+        for item in tenants:
+            for problem in audit_tree.leaf_problems(item.pk)[:20]:
+                broken += 1
+                self.stdout.write(f"{item.slug}: BROKEN: {problem}")
+        broken += failed
         if broken:
-            raise CommandError(f"{broken} broken chain(s) or checkpoint(s)")
+            raise CommandError(f"{broken} broken chain(s), checkpoint(s) or tree check(s)")
