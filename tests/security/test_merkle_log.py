@@ -218,7 +218,7 @@ def test_the_migration_gives_leaves_to_events_sealed_before_the_tree(agent, sand
         )
     )
     raw_sql(("DELETE FROM gateway_auditleaf", []))
-    migration = importlib.import_module("gateway.migrations.0017_audit_leaf")
+    migration = importlib.import_module("gateway.migrations.0019_audit_leaf")
     migration.leaves_for_sealed_events(apps, None)
     again = list(
         AuditLeaf.objects.order_by("tenant_id", "index").values_list(

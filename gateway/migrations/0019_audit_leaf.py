@@ -59,7 +59,7 @@ def leaves_for_sealed_events(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0016_command_contract_version'),
+        ('gateway', '0018_receipt_manual'),
     ]
 
     operations = [
