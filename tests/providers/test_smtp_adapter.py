@@ -30,8 +30,8 @@ from tests.providers.mail_servers import (
     SmtpServer,
     dovecot_missing,
     free_port,
-    make_certificate,
 )
+from tests.support.tls import self_signed_certificate
 
 EMAIL = CONTRACTS["email.message.send"]
 SENDER = "gateway@example.com"
@@ -56,7 +56,7 @@ def command(key: str = "", *, subject: str = "Your order has shipped") -> Execut
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_certificate(tmp_path_factory.mktemp("mail-cert"))
+    return self_signed_certificate(tmp_path_factory.mktemp("mail-cert"))
 
 
 @pytest.fixture
