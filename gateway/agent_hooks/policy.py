@@ -34,6 +34,7 @@ from effect_gateway_client.models import tool_name
 
 from gateway.agent_hooks import patterns, shell
 from gateway.contracts import CONTRACTS, EffectContract
+from gateway.submission import without_nulls
 
 MCP_SERVER = "effect-gateway"
 # A command is a line or two; a hook input beyond this is not matched at all (the view asks a
@@ -438,7 +439,9 @@ def gateway_contract(tool: str) -> tuple[bool, EffectContract | None]:
 
 
 def needs_approval(contract: EffectContract, tool_input: Mapping[str, Any]) -> bool:
-    payload = tool_input.get("payload")
-    if not isinstance(payload, dict):
-        return False  # the gateway will refuse it with the field errors
+    """Whether the gateway will hold this call for an approver. A payload the contract's schema
+    refuses is not: the gateway answers it with the field errors, and the agent fixes it."""
+    payload = without_nulls(tool_input.get("payload"))
+    if not isinstance(payload, dict) or next(contract.payload_validator.iter_errors(payload), None):
+        return False
     return contract.requires_approval(payload)

@@ -188,6 +188,27 @@ def test_a_gateway_tool_within_policy_is_allowed(agent):
     }
 
 
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        # The schema refuses it: the gateway answers with the field errors, the agent fixes it.
+        ({"amount": "50000.00", "currency": "EUR", "reason": "duplicate charge"}, "allow"),
+        ({"amount": [1], "currency": "EUR", "reason": "duplicate charge"}, "allow"),
+        # Strict-mode tools send null for an optional field: null is absent, as the gateway has it.
+        ({"amount": 50_000, "currency": "EUR", "reason": "x", "charge_id": None}, "ask"),
+        ({"amount": 500, "currency": "EUR", "reason": "x", "charge_id": None}, "allow"),
+    ],
+)
+def test_the_approval_rule_reads_the_payload_the_gateway_will_read(agent, payload, expected):
+    tool_input = {
+        "idempotency_key": "k2",
+        "resource": {"type": "order", "id": "o"},
+        "payload": payload,
+    }
+    answer = pre(agent, "mcp__effect-gateway__billing_refund_create", tool_input)
+    assert decision(answer) == expected, answer
+
+
 def test_an_already_submitted_key_links_to_its_effect(agent, refund_body):
     body = {**refund_body, "payload": {**refund_body["payload"], "amount": 50_000}}
     effect_id = agent.submit(body, "big-refund").json()["effect_id"]
