@@ -4,10 +4,13 @@
     .venv/bin/python scripts/check_real_clients.py
 
 Real clients only: the official MCP SDK client over stdio (the ``effect-gateway-mcp`` program)
-and over streamable HTTP with bearer tokens (four protocol versions), a LangGraph graph with a
-checkpointer (two threads, one intention; a cancel that resumes the thread), and a webhook
-receiver verifying every delivery with ``standardwebhooks``. The sandbox provider's own
-operation log (``$SANDBOX_URL/_operations``) is the oracle for "one operation per key".
+and over streamable HTTP with bearer tokens (four protocol versions), the MCP tools' schemas
+under strict-mode portability rules, the TypeScript package from its ``npm pack`` tarball, the
+real Claude Code CLI running the docs' headless config (``scripts/check_agent_clients.py``), a
+LangGraph graph with a checkpointer (two and three threads, one intention; a cancel that
+resumes the thread), and a webhook receiver verifying every delivery with ``standardwebhooks``.
+The sandbox provider's own operation log (``$SANDBOX_URL/_operations``) is the oracle for "one
+operation per key".
 
 Tokens: ``GATEWAY_TOKEN`` (an agent of the demo tenant), ``OPERATOR_TOKEN`` and
 ``APPROVER_TOKEN``; the last two are issued with ``manage.py issue_token`` when missing (run
@@ -36,6 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients" / "python" / "src"))
 
+import check_agent_clients  # noqa: E402
 from effect_gateway_client import GatewayClient  # noqa: E402
 
 URL = os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000").rstrip("/")
@@ -155,6 +159,9 @@ def mcp_stdio(agent_token: str) -> str:
             return init, tools, first, second, waited, stringified, big
 
     init, tools, first, second, waited, stringified, big = anyio.run(main)
+    check("MCP tool schemas: OpenAI strict mode and MCP Inspector --strict rules")(
+        check_agent_clients.strict_schemas
+    )(list(tools.values()))
     assert "ticket_create" in tools and "wait_for_effect" in tools
     assert tools["billing_refund_create"].annotations.destructiveHint is True
     assert tools["ticket_create"].annotations.destructiveHint is False
@@ -555,6 +562,12 @@ def main() -> int:
     try:
         mcp_stdio(agent_token)
         mcp_http(agent_token)
+        check("TypeScript package from its npm pack tarball")(
+            check_agent_clients.typescript_tarball
+        )(URL, agent_token, RUN, provider_operations)
+        check("Claude Code CLI, headless, the docs' config verbatim")(
+            check_agent_clients.claude_code_headless
+        )(URL, agent_token, RUN, provider_operations)
         langgraph_two_threads(agent)
         langgraph_cancel(agent, operator, agent_name)
         langgraph_three_threads(agent, operator, agent_name)

@@ -21,6 +21,7 @@ from mcp.shared.exceptions import McpError
 
 from gateway.contracts import CONTRACTS
 from gateway.models import ApiToken, Command
+from tests.support.strict_schemas import strict_mode_problems
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -451,29 +452,6 @@ def test_a_tool_says_irreversible_once(gateway_url, agent):
         said = submit_tool(effect_type).description.lower().count("irreversible")
         assert said == (1 if effect_type.irreversible else 0), effect_type.type
     assert catalogue["email.message.send"].irreversible
-
-
-def strict_mode_problems(schema, path="$"):
-    """What OpenAI's strict mode and MCP Inspector's --strict portability rules refuse: a
-    ``type`` that is an array, an object that does not list every property as required or
-    allows others."""
-    problems = []
-    if isinstance(schema, dict):
-        if isinstance(schema.get("type"), list):
-            problems.append(f"{path}: type is an array {schema['type']}")
-        properties = schema.get("properties")
-        if isinstance(properties, dict):
-            if sorted(schema.get("required", [])) != sorted(properties):
-                problems.append(f"{path}: not every property is required")
-            if schema.get("additionalProperties") is not False:
-                problems.append(f"{path}: additionalProperties is not false")
-            for name, sub in properties.items():
-                problems += strict_mode_problems(sub, f"{path}.{name}")
-        for index, branch in enumerate(schema.get("anyOf", ())):
-            problems += strict_mode_problems(branch, f"{path}|{index}")
-        if isinstance(schema.get("items"), dict):
-            problems += strict_mode_problems(schema["items"], f"{path}[]")
-    return problems
 
 
 def test_every_tool_schema_passes_strict_mode_and_portability_rules(gateway_url, agent):
