@@ -14,8 +14,8 @@ import pytest
 from gateway import dispatcher, services
 from gateway.models import Attempt, Effect, Principal
 from gateway.providers import registry
-from gateway.providers.conformance.proxy import FaultProxy
 from gateway.providers.config import fingerprint
+from gateway.providers.conformance.proxy import FaultProxy
 from reconciliation.services import effect_reconcile
 from tests.conftest import Persona
 

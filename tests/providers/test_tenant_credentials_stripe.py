@@ -12,8 +12,8 @@ import stripe
 from gateway import services
 from gateway.models import Attempt, Effect
 from gateway.providers import registry
-from gateway.providers.conformance.proxy import FaultProxy
 from gateway.providers.config import fingerprint
+from gateway.providers.conformance.proxy import FaultProxy
 from reconciliation.services import effect_reconcile
 from tests.conftest import Persona
 from tests.providers.stripe_mock import API_KEY, StripeMock, node_missing
