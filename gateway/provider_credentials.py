@@ -332,7 +332,7 @@ def _chosen_rows(sendings: list[_Sending]) -> dict[str, ProviderCredential]:
         for effect_id, number, shown in Attempt.objects.filter(
             effect_id__in=list(retried), credential_fingerprint__isnull=False
         ).values_list("effect_id", "number", "credential_fingerprint"):
-            if retried[effect_id] == number:
+            if retried[effect_id] == number and shown:
                 previous[effect_id] = shown
     chosen = {}
     for s in sendings:
