@@ -42,7 +42,7 @@ from gateway.choices import (
 )
 from gateway.contracts import CONTRACTS, EffectContract, get_contract
 from gateway.errors import CredentialConflict, NotFound, NotPermitted, ValidationProblem
-from gateway.lib.vault import open_bound, seal_bound
+from gateway.lib.vault import open_bound, reseal_bound, seal_bound
 from gateway.models import Attempt, Effect, Principal, ProviderCredential
 from gateway.providers.config import fingerprint
 from gateway.providers.registry import Credential, sender_of
@@ -112,6 +112,21 @@ def _check_secret(secret: object) -> str:
 
 
 # --- writes ---------------------------------------------------------------------------------
+
+
+def credentials_reseal() -> int:
+    """Re-seal every credential's secret under the vault's current primary key (key
+    rotation, ``manage.py rotate_vault_key``), bound as before; how many."""
+    done = 0
+    for pk in ProviderCredential.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            row = ProviderCredential.objects.select_for_update().get(pk=pk)
+            bound_to = _bound_to(row.tenant_id, row.provider, row.fingerprint)
+            ProviderCredential.objects.filter(pk=pk).update(
+                secret_sealed=reseal_bound(row.secret_sealed, bound_to=bound_to)
+            )
+        done += 1
+    return done
 
 
 def _insert(

@@ -189,3 +189,27 @@ def test_the_console_shows_operators_no_forms_and_refuses_agents(db):
     assert ProviderCredential.objects.get().state == "active"
     ada = person("acme", "ada", "approver")
     assert ada.client.get("/providers/billing/credentials").status_code == 403
+
+
+def test_a_vault_key_rotation_reseals_the_credentials(admin, settings):
+    from cryptography.fernet import Fernet
+    from django.core.management import call_command
+
+    from gateway.lib import vault
+
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.GATEWAY_VAULT_KEY = old
+    vault._fernet.cache_clear()
+    try:
+        set_credential(admin)
+        before = ProviderCredential.objects.get().secret_sealed
+        settings.GATEWAY_VAULT_KEY = f"{new},{old}"
+        vault._fernet.cache_clear()
+        call_command("rotate_vault_key", stdout=open("/dev/null", "w"))  # noqa: SIM115
+        settings.GATEWAY_VAULT_KEY = new  # the old key is gone
+        vault._fernet.cache_clear()
+        row = ProviderCredential.objects.get()
+        assert row.secret_sealed != before
+        assert credentials.open_credential(row).secret == SECRET
+    finally:
+        vault._fernet.cache_clear()
