@@ -83,8 +83,9 @@ class _Built:
 
 # (contract, configuration, tenant credential's fingerprint) -> what was built for them: a
 # factory runs, and a credential is read, once per configuration in a process, not once per
-# call. Emptied when the contracts are loaded again. Keyed by the contract's id (a contract holds dicts: no hash), and the
-# contract kept beside the adapter so that a reused id never finds another's adapter.
+# call. Emptied when the contracts are loaded again. Keyed by the contract's id (a contract
+# holds dicts: no hash), and the contract kept beside the adapter so that a reused id never
+# finds another's adapter.
 _adapters: dict[tuple[int, str, str], _Built] = {}
 
 
