@@ -13,8 +13,10 @@ as a fifth child, and email goes to a real SMTP server: aiosmtpd as a sixth chil
 it accepts in a Maildir under ``var/`` (``var/demo-mail``). The children get
 ``GATEWAY_PROVIDERS`` entries that route the billing provider to Stripe through the Stripe
 adapter and the mail provider to the SMTP server through the SMTP adapter
-(``real_providers``). The demo starts no IMAP server: an email whose send is UNKNOWN cannot be
-looked up and goes to a human with its Message-ID and SMTP transcript.
+(``real_providers``). When Debian's Dovecot is installed, it serves that Maildir over IMAP as
+a seventh child (``gateway.management.demo_mail``) and the SMTP adapter's lookups search it;
+without it an email whose send is UNKNOWN cannot be looked up and goes to a human with its
+Message-ID and SMTP transcript.
 
 Quiet by default: one line per effect or saga state change (``--verbose`` for everything).
 The sandbox keeps its operations in ``var/sandbox.json``, so a restart does not make the
@@ -53,7 +55,7 @@ from django.db import connection, connections
 
 from gateway import embedded
 from gateway.api.auth import hash_token
-from gateway.management import demo_incidents
+from gateway.management import demo_incidents, demo_mail
 from gateway.models import ApiToken
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -184,6 +186,12 @@ class Command(BaseCommand):
             "--smtp-port", type=int, default=8025, help="the SMTP server's port (real)"
         )
         parser.add_argument(
+            "--imap-port",
+            type=int,
+            default=8143,
+            help="the IMAP archive's port (real, when Dovecot is installed)",
+        )
+        parser.add_argument(
             "--scenario",
             choices=["incidents", "none"],
             default="incidents",
@@ -216,6 +224,8 @@ class Command(BaseCommand):
         if real:
             self.stdout.write(f"==> billing on Stripe: stripe-stateful-mock at {stripe_url}")
             self.stdout.write(f"==> email on SMTP: aiosmtpd at 127.0.0.1:{smtp_port}")
+            if demo_mail.dovecot_missing(mail_dir()):
+                self.stdout.write(f"==> {demo_mail.dovecot_missing(mail_dir())}")
             ensure_stripe_server()
         self.stdout.write(f"==> {describe_servers()}")
         self.prepare_database()
@@ -224,7 +234,8 @@ class Command(BaseCommand):
         children = build_children(host, port, sandbox_port, verbose=options["verbose"])
         if real:
             children.insert(0, stripe_child(options["stripe_port"], verbose=options["verbose"]))
-            children.insert(1, smtp_child(smtp_port, mail_dir()))
+            mail = mail_servers(smtp_port, options["imap_port"])
+            children[1:1] = mail.children
         for index, child in enumerate(children):
             child.colour = COLOURS[index % len(COLOURS)] if self.colour else ""
         base = f"http://{browser_host(host)}:{port}/"
@@ -234,14 +245,14 @@ class Command(BaseCommand):
             f"{sandbox_url}/_health",
         ]
         if real:
-            health_urls += [stripe_health(stripe_url), smtp_health(smtp_port)]
+            health_urls += [stripe_health(stripe_url), *mail.health]
 
         stop = StopSignal()
         restore = install_signal_handlers(stop)
         try:
             env = child_environment(sandbox_port, verbose=options["verbose"])
             if real:
-                env.update(real_providers_environment(stripe_url, smtp_port=smtp_port))
+                env.update(mail.environment(stripe_url, smtp_port))
             for child in children:
                 start_child(child, env, self.emit)
             wait_until_healthy(children, health_urls, stop)
@@ -513,11 +524,13 @@ def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) ->
     ]
 
 
-def real_providers(stripe_url: str, *, smtp_port: int | None = None) -> dict[str, Any]:
+def real_providers(
+    stripe_url: str, *, smtp_port: int | None = None, imap_port: int | None = None
+) -> dict[str, Any]:
     """``GATEWAY_PROVIDERS`` of ``--providers real``: billing on Stripe at ``stripe_url``, with
     the test-mode key from ``DEMO_STRIPE_SECRET_KEY`` and ``tok_visa`` as the card of charges
-    that name none; mail on the SMTP server at loopback ``smtp_port`` (no STARTTLS, no AUTH,
-    no IMAP archive: loopback only)."""
+    that name none; mail on the SMTP server at loopback ``smtp_port`` (no STARTTLS, no AUTH:
+    loopback only), its lookups in the IMAP archive at ``imap_port`` when there is one."""
     providers: dict[str, Any] = {
         "billing": {
             "adapter": "stripe",
@@ -532,18 +545,63 @@ def real_providers(stripe_url: str, *, smtp_port: int | None = None) -> dict[str
             "base_url": f"smtp://127.0.0.1:{smtp_port}",
             "options": {"from_address": SMTP_FROM, "starttls": False},
         }
+        if imap_port:
+            providers["mail"]["options"]["imap"] = demo_mail.imap_option(imap_port)
     return providers
 
 
-def real_providers_environment(stripe_url: str, *, smtp_port: int | None = None) -> dict[str, str]:
+def real_providers_environment(
+    stripe_url: str,
+    *,
+    smtp_port: int | None = None,
+    imap_port: int | None = None,
+    imap_password: str = "",
+) -> dict[str, str]:
     """The children's variables for ``--providers real``: ``GATEWAY_PROVIDERS`` (entries the
-    environment already has win over the demo's) and the Stripe key (ours unless set)."""
+    environment already has win over the demo's), the Stripe key (ours unless set) and the
+    IMAP archive's password (when there is one)."""
     configured = json.loads(os.environ.get("GATEWAY_PROVIDERS") or "{}")
-    demo = real_providers(stripe_url, smtp_port=smtp_port)
-    return {
+    demo = real_providers(stripe_url, smtp_port=smtp_port, imap_port=imap_port)
+    environment = {
         "GATEWAY_PROVIDERS": json.dumps({**demo, **configured}),
         STRIPE_KEY_ENV: os.environ.get(STRIPE_KEY_ENV) or STRIPE_TEST_KEY,
     }
+    if imap_password:
+        environment[demo_mail.IMAP_PASSWORD_ENV] = imap_password
+    return environment
+
+
+@dataclass
+class MailServers:
+    """The demo's mail servers: aiosmtpd, and Dovecot as its IMAP archive when installed."""
+
+    children: list[Child]
+    health: list[Health]
+    imap_port: int | None = None
+    imap_password: str = ""
+
+    def environment(self, stripe_url: str, smtp_port: int) -> dict[str, str]:
+        return real_providers_environment(
+            stripe_url,
+            smtp_port=smtp_port,
+            imap_port=self.imap_port,
+            imap_password=self.imap_password,
+        )
+
+
+def mail_servers(smtp_port: int, imap_port: int) -> MailServers:
+    """The SMTP child delivering into ``mail_dir()``, and the IMAP child serving it when
+    Dovecot is installed (``gateway.management.demo_mail``)."""
+    maildir = mail_dir()
+    servers = MailServers([smtp_child(smtp_port, maildir)], [smtp_health(smtp_port)])
+    if demo_mail.dovecot_missing(maildir):
+        return servers
+    ensure_ports_free([("127.0.0.1", imap_port)])
+    archive = demo_mail.configure_dovecot(var_dir() / "demo-imap", maildir, imap_port)
+    servers.children.append(Child("imap", archive.argv))
+    servers.health.append(demo_mail.imap_ready(imap_port))
+    servers.imap_port, servers.imap_password = imap_port, archive.password
+    return servers
 
 
 def mail_dir() -> Path:
