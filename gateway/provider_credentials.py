@@ -395,7 +395,8 @@ def attempts_note_sender(claims: Iterable[FastClaim]) -> dict[int, SendAs]:
     """Write the sender (adapter, credential fingerprint) on fast claims' attempts, which the
     claim statement leaves NULL, and say what each is sent with (by attempt id).
 
-    The deployment's sender: one UPDATE per type whose sender is not the default, none at all
+    One SELECT per batch finds the claimed tenants' credentials (``_chosen_rows``). The
+    deployment's sender: one UPDATE per type whose sender is not the default, none at all
     on the default's hot path; an attempt it fails to mark keeps NULL (its lookups use the
     deployment's credential, which sent it). A tenant's credential: held FOR SHARE while its
     attempts are marked, and sent with only once they are; an attempt that cannot be marked,
