@@ -167,7 +167,7 @@ def test_the_console_page_sets_rotates_and_retires_for_admins(db):
     )
     assert rotated.status_code == 200
     fragment = rotated.content.decode()
-    assert fragment.lstrip().startswith("<section") or 'id="credentials-billing"' in fragment
+    assert 'id="credentials-billing"' in fragment and "<html" not in fragment
     assert fingerprint(ROTATED) in fragment and ROTATED not in fragment and SECRET not in fragment
     old = ProviderCredential.objects.get(state="rotated")
     retired = root.client.post(
@@ -175,6 +175,12 @@ def test_the_console_page_sets_rotates_and_retires_for_admins(db):
     )
     assert retired.status_code == 302
     assert ProviderCredential.objects.get(pk=old.pk).state == "retired"
+    html = root.client.get("/providers/billing/credentials").content.decode()
+    assert f'data-credential="{old.pk}" data-state="retired"' in html
+    assert "by admin:root" in html and "replaces " + fingerprint(SECRET) in html
+    partial = root.client.get("/providers/billing/credentials", HTTP_HX_REQUEST="true")
+    fragment = partial.content.decode()
+    assert "<html" not in fragment and fragment.lstrip().startswith('<section id="credentials')
 
 
 def test_the_console_shows_operators_no_forms_and_refuses_agents(db):
