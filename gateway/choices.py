@@ -123,6 +123,20 @@ class AttemptState(models.TextChoices):
     ABANDONED = "abandoned"  # its worker died or stalled before answering (lease recovery)
 
 
+class CredentialState(models.TextChoices):
+    """A tenant's provider credential (gateway.models.ProviderCredential): ``active`` sends the
+    tenant's new effects; ``rotated`` (replaced by a newer one) still serves the effects it
+    sent, their lookups and any attempt it was chosen for; ``retired`` serves nothing."""
+
+    ACTIVE = "active"
+    ROTATED = "rotated"
+    RETIRED = "retired"
+
+
+# The states in which a credential may still be used (for the effects it sent).
+CREDENTIAL_USABLE = frozenset({CredentialState.ACTIVE, CredentialState.ROTATED})
+
+
 class ApprovalState(models.TextChoices):
     NOT_REQUIRED = "not_required"
     PENDING = "pending"

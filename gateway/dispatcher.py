@@ -72,7 +72,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import Any, NamedTuple
 
 import redis
@@ -84,6 +84,7 @@ from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
 from gateway.lib import broker
 from gateway.lib.failpoints import failpoint
 from gateway.lib.service_threads import ServiceThreads
+from gateway.provider_credentials import SendAs
 
 logger = logging.getLogger(__name__)
 
@@ -478,13 +479,15 @@ class _Drainer:
             raise
         self.pool.give(slots - len(batch.claims))
         self.last_claim, self.last_full = time.monotonic(), batch.picked == slots
+        sent_as: dict[int, SendAs] = {}
         if batch.claims:
-            services.attempts_note_sender(batch.claims)  # before any of them is sent
+            sent_as = services.attempts_note_sender(batch.claims)  # before any is sent
             deadlines.lease_soon(timezone.now())  # a lease shorter than the waker's sleep
             failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
         for claim in batch.claims:
             services.log_claimed(claim, worker=self.worker)
-            self.pool.submit(self._send, claim, self.answers)
+            send = partial(services.fast_send, send_as=sent_as.get(claim.attempt_id))
+            self.pool.submit(send, claim, self.answers)
         moves.after_commit(claim.effect_id for claim in batch.claims)  # DISPATCHING, for waits
         self.out += len(batch.claims)
         self.sent += len(batch.claims)
@@ -525,10 +528,6 @@ class _Drainer:
             self.flag.announce("handed over")
         except Exception:
             logger.warning("could not hand the drain over; the sweeper sends", exc_info=True)
-
-    @staticmethod
-    def _send(claim: BatchClaim) -> services.Sent:
-        return services.fast_send(claim)
 
     def _call_for_help(self) -> None:
         """A full window, claimed to the last slot: more may be due than one drainer takes at

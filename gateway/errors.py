@@ -70,6 +70,15 @@ class TokenRevoked(GatewayError):
     title = "The token is revoked"
 
 
+class CredentialConflict(GatewayError):
+    """A provider credential cannot change so now (one is active, none is, it is retired, or
+    effects it sent are not settled)."""
+
+    status = 409
+    slug = "credential-conflict"
+    title = "The provider credential cannot change so now"
+
+
 class DigestMismatch(GatewayError):
     status = 409
     slug = "digest-mismatch"

@@ -21,6 +21,7 @@ from gateway.choices import (
     TO_RECONCILE,
     ApprovalState,
     AttemptState,
+    CredentialState,
     EffectStatus,
     Outcome,
     Role,
@@ -585,3 +586,54 @@ class EffectEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.effect_id} {self.kind} {self.from_status}->{self.to_status}"
+
+
+class ProviderCredential(models.Model):
+    """A tenant's own credential for one provider (its own Stripe account), sealed with the
+    vault key; only its fingerprint and last 4 characters are ever shown."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    provider = models.CharField(max_length=100)
+    # seal_bound of the secret, bound to the tenant, the provider and the fingerprint
+    # (gateway.provider_credentials): a value copied from another row does not open.
+    secret_sealed = models.TextField()
+    # gateway.providers.config.fingerprint of the secret: what the attempts it sent record.
+    fingerprint = models.CharField(max_length=40)
+    # The secret's last 4 characters; "" when it is shorter than 16 (too much of it).
+    last4 = models.CharField(max_length=4, blank=True)
+    state = models.CharField(
+        max_length=8, choices=CredentialState.choices, default=CredentialState.ACTIVE
+    )
+    created_by = models.CharField(max_length=200)
+    created_at = models.DateTimeField()
+    # When a newer credential replaced it (it still serves the effects it sent).
+    rotated_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=200, blank=True)
+    # The credential this one replaced (rotation).
+    replaces = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        constraints = [
+            # One active credential per tenant and provider: the one new sends use.
+            models.UniqueConstraint(
+                fields=["tenant", "provider"],
+                condition=Q(state=CredentialState.ACTIVE),
+                name="provider_credential_one_active",
+            ),
+            # A fingerprint names one credential of a tenant's provider (what a lookup asks
+            # with is found by the attempt's fingerprint).
+            models.UniqueConstraint(
+                fields=["tenant", "provider", "fingerprint"],
+                name="provider_credential_unique_fingerprint",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=CredentialState.values),
+                name="provider_credential_state_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.fingerprint} ({self.state})"

@@ -16,13 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gateway import audit, capabilities, deadlines, fastpath, hooks, ledger, moves, submission
@@ -65,8 +64,9 @@ from gateway.lib.digest import payload_digest
 from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import seal_bound
 from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
+from gateway.provider_credentials import SendAs, attempts_note_sender, claim_sender
 from gateway.providers.base import CallResult, ExecuteRequest
-from gateway.providers.registry import adapter_for, sender_of
+from gateway.providers.registry import adapter_for
 from gateway.sweep import dispatch_sweep as dispatch_sweep
 
 logger = logging.getLogger(__name__)
@@ -527,6 +527,8 @@ class Claim:
     attempt_number: int
     # What the claim verified against the digests (gateway.integrity): exactly this is sent.
     payload: dict[str, Any] | None = None
+    # The credential the attempt names (gateway.provider_credentials): exactly it sends.
+    send_as: SendAs = field(default_factory=SendAs)
 
 
 def effect_expire(*, effect: Effect, actor: str) -> bool:
@@ -584,6 +586,9 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             lease_expires_at=now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
         ):
             return None
+        # Which adapter and credential send it; building the adapter here (once per
+        # process) means one that cannot be built leaves nothing claimed.
+        sender, send_as = claim_sender(effect, number)
         attempt = Attempt.objects.create(
             effect=effect,
             number=number,
@@ -591,9 +596,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
             worker=worker,
             state=AttemptState.SENDING,
             started_at=now,
-            # Which adapter and credential send it; building the adapter here (once per
-            # process) means one that cannot be built leaves nothing claimed.
-            **attempt_sender_fields(effect.type),
+            **sender,
         )
     return Claim(
         effect_id=effect_id,
@@ -601,6 +604,7 @@ def effect_claim(*, effect_id: str, worker: str) -> Claim | None:
         attempt_id=attempt.pk,
         attempt_number=number,
         payload=payload,
+        send_as=send_as,
     )
 
 
@@ -797,10 +801,13 @@ def effect_dispatch_general(*, effect_id: str, worker: str) -> bool:
     effect = Effect.objects.select_related("command").get(pk=effect_id)
     contract = get_contract(effect.type)
     assert contract is not None, f"no contract for {effect.type}"
-    adapter = adapter_for(contract)
     request = execute_request(effect, payload=claim.payload)
     started = timezone.now()
-    result = adapter.execute(request)
+    if claim.send_as.refused:
+        result = CallResult(Outcome.NOT_STARTED, f"{claim.send_as.refused}: nothing was sent")
+    else:
+        adapter = adapter_for(contract, claim.send_as.credential)
+        result = adapter.execute(request)
     if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
         # The provider answered (a 5xx), so its request handling is over: ask it by key
         # whether it committed before deciding anything (query first, never a blind retry).
@@ -819,11 +826,11 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     if claim is None:
         return None
     log_claimed(claim, worker=worker)
-    attempts_note_sender([claim])
+    send_as = attempts_note_sender([claim]).get(claim.attempt_id)
     moves.after_commit([effect_id])  # DISPATCHING, for the long polls waiting on it
     deadlines.lease_soon(timezone.now())  # a lease shorter than the waker's sleep
     failpoint("dispatch.after_claim")  # claimed and committed, nothing sent yet
-    sent = fast_send(claim)
+    sent = fast_send(claim, send_as=send_as)
     if sent.result is None:
         fast_refuse_tampered(claim, problem=sent.problem, worker=worker)
         return True
@@ -840,34 +847,6 @@ def _dispatch_fast(effect_id: str, worker: str) -> bool | None:
     return True
 
 
-def attempt_sender_fields(effect_type: str) -> dict[str, str | None]:
-    """The attempt's ``adapter`` and ``credential_fingerprint`` for an effect of this type
-    (gateway.providers.registry.Sender; NULL for the SPEC §6 adapter without a credential)."""
-    contract = get_contract(effect_type)
-    return sender_of(contract).attempt_fields() if contract else {}
-
-
-def attempts_note_sender(claims: Iterable[fastpath.FastClaim]) -> None:
-    """Write the sender (adapter, credential fingerprint) on fast claims' attempts, which the
-    claim statement leaves NULL: one UPDATE per type whose sender is not the default, none
-    at all on the default's hot path. A separate statement after the claim's commit, so the
-    claim and the record are what they were; an attempt it fails to mark keeps NULL."""
-    by_type: dict[str, list[int]] = {}
-    for claim in claims:
-        by_type.setdefault(claim.type, []).append(claim.attempt_id)
-    for type_, attempt_ids in by_type.items():
-        try:
-            fields = attempt_sender_fields(type_)
-        except Exception:  # the send builds the adapter again and fails as it always did
-            continue
-        if fields.get("adapter") is None:
-            continue
-        try:
-            Attempt.objects.filter(pk__in=attempt_ids).update(**fields)
-        except DatabaseError:
-            logger.warning("attempt sender not recorded", extra={"effect_type": type_})
-
-
 @dataclass(frozen=True)
 class Sent:
     """What became of a fast claim: the provider's answer, or (``result`` None) why its
@@ -877,9 +856,13 @@ class Sent:
     problem: str = ""
 
 
-def fast_send(claim: fastpath.FastClaim) -> Sent:
-    """Open and check a fast claim's payload, send it once, settle a 5xx by a lookup. No
-    database access: a drainer runs it on its call pool (gateway.dispatcher)."""
+def fast_send(claim: fastpath.FastClaim, send_as: SendAs | None = None) -> Sent:
+    """Open and check a fast claim's payload, send it once with ``send_as`` (what
+    ``attempts_note_sender`` chose), settle a 5xx by a lookup. No database access: a drainer
+    runs it on its call pool (gateway.dispatcher)."""
+    send_as = send_as or SendAs()
+    if send_as.refused:
+        return Sent(CallResult(Outcome.NOT_STARTED, f"{send_as.refused}: nothing was sent"))
     payload, problem = verified_claimed_payload(
         effect_id=claim.effect_id,
         sealed=claim.payload_sealed,
@@ -891,7 +874,7 @@ def fast_send(claim: fastpath.FastClaim) -> Sent:
         return Sent(None, problem)
     contract = get_contract(claim.type)
     assert contract is not None, f"no contract for {claim.type}"
-    adapter = adapter_for(contract)
+    adapter = adapter_for(contract, send_as.credential)
     request = ExecuteRequest(
         effect_id=claim.effect_id,
         type=claim.type,

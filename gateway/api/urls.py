@@ -9,6 +9,11 @@ from gateway.api.audit import (
     AuditInclusionView,
     AuditTreeHeadView,
 )
+from gateway.api.provider_credentials import (
+    ProviderCredentialRetireView,
+    ProviderCredentialRotateView,
+    ProviderCredentialsView,
+)
 from gateway.api.tokens import TokenViewSet
 
 router = SimpleRouter(trailing_slash=False)
@@ -33,6 +38,21 @@ urlpatterns = [
         r"^principals/(?P<name>[^/]+)/(?P<verb>freeze|unfreeze)$",
         views.PrincipalFreezeView.as_view(),
         name="principal-freeze",
+    ),
+    re_path(
+        r"^providers/(?P<name>[A-Za-z0-9_.-]+)/credentials$",
+        ProviderCredentialsView.as_view(),
+        name="provider-credentials",
+    ),
+    re_path(
+        r"^providers/(?P<name>[A-Za-z0-9_.-]+)/credentials/rotate$",
+        ProviderCredentialRotateView.as_view(),
+        name="provider-credential-rotate",
+    ),
+    re_path(
+        r"^providers/(?P<name>[A-Za-z0-9_.-]+)/credentials/(?P<credential_id>[0-9]{1,18})/retire$",
+        ProviderCredentialRetireView.as_view(),
+        name="provider-credential-retire",
     ),
     *router.urls,
     path("", include("reconciliation.api.urls")),

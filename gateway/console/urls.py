@@ -3,7 +3,16 @@ and sagas under the ``console:`` namespace."""
 
 from django.urls import URLPattern, path
 
-from gateway.console import approvals, auth, bulk, controls, effects, search, triage
+from gateway.console import (
+    approvals,
+    auth,
+    bulk,
+    controls,
+    effects,
+    provider_credentials,
+    search,
+    triage,
+)
 
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
@@ -34,4 +43,25 @@ urlpatterns: list[URLPattern] = [
     ),
     path("controls/tokens/<int:token_id>/revoke", controls.token_revoke, name="token-revoke"),
     path("controls/tokens/<int:token_id>/rotate", controls.token_rotate, name="token-rotate"),
+    # A tenant's own provider credentials (operators see them, admins change them).
+    path(
+        "providers/<str:name>/credentials",
+        provider_credentials.provider_credentials,
+        name="provider-credentials",
+    ),
+    path(
+        "providers/<str:name>/credentials/set",
+        provider_credentials.provider_credential_set,
+        name="provider-credential-set",
+    ),
+    path(
+        "providers/<str:name>/credentials/rotate",
+        provider_credentials.provider_credential_rotate,
+        name="provider-credential-rotate",
+    ),
+    path(
+        "providers/<str:name>/credentials/<int:credential_id>/retire",
+        provider_credentials.provider_credential_retire,
+        name="provider-credential-retire",
+    ),
 ]

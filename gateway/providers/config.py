@@ -37,12 +37,25 @@ from gateway.providers.base import ProviderConfig
 ADAPTER_KINDS: dict[str, str] = {
     "http": "gateway.providers.http.from_config",
     "stripe": "gateway.providers.stripe.from_config",
+    "smtp": "gateway.providers.smtp.from_config",
     "rest": "gateway.providers.config.rest_from_config",
 }
 # The options each built-in kind reads (anything else is a typo, refused at start-up).
 KIND_OPTIONS: dict[str, frozenset[str] | None] = {
     "http": frozenset(),
     "stripe": frozenset({"default_source", "charge_customer", "lookup_max_pages"}),
+    "smtp": frozenset(
+        {
+            "from_address",
+            "starttls",
+            "username",
+            "message_id_domain",
+            "archive_address",
+            "ca_file",
+            "local_hostname",
+            "imap",
+        }
+    ),
     "rest": frozenset(
         {"spec", "spec_file", "headers", "ca_certs", "credential_header", "credential_scheme"}
     ),

@@ -14,13 +14,17 @@ The order, per provider:
 Each built adapter comes with its ``Sender``: the adapter's name and its credential's
 fingerprint, which the dispatch writes on the attempt (the effect page and the API show
 which adapter and which credential sent it).
+
+A tenant's own credential for the provider (``Credential``, chosen by
+gateway.provider_credentials) replaces the deployment's: the same adapter, base URL, timeout
+and options, built with the tenant's secret instead, and cached apart by its fingerprint.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -62,17 +66,27 @@ class Sender:
 
 
 @dataclass(frozen=True)
+class Credential:
+    """A tenant's secret for one provider, opened from the vault for a send or a lookup, with
+    its fingerprint (what the attempt records). Never in a repr, so never in a log."""
+
+    fingerprint: str
+    secret: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class _Built:
     contract: EffectContract
     adapter: ProviderAdapter
     sender: Sender
 
 
-# (contract, configuration) -> what was built for them: a factory runs, and a credential is
-# read, once per configuration in a process, not once per call. Emptied when the contracts
-# are loaded again. Keyed by the contract's id (a contract holds dicts: no hash), and the
-# contract kept beside the adapter so that a reused id never finds another's adapter.
-_adapters: dict[tuple[int, str], _Built] = {}
+# (contract, configuration, tenant credential's fingerprint) -> what was built for them: a
+# factory runs, and a credential is read, once per configuration in a process, not once per
+# call. Emptied when the contracts are loaded again. Keyed by the contract's id (a contract
+# holds dicts: no hash), and the contract kept beside the adapter so that a reused id never
+# finds another's adapter.
+_adapters: dict[tuple[int, str, str], _Built] = {}
 
 
 def _configuration(provider: str) -> str:
@@ -88,50 +102,66 @@ def _configuration(provider: str) -> str:
     )
 
 
-def _built(contract: EffectContract) -> _Built:
-    key = (id(contract), _configuration(contract.provider))
+def _built(contract: EffectContract, credential: Credential | None) -> _Built:
+    key = (
+        id(contract),
+        _configuration(contract.provider),
+        credential.fingerprint if credential else "",
+    )
     built = _adapters.get(key)
     if built is None or built.contract is not contract:
-        adapter, sender = _build(contract)
+        adapter, sender = _build(contract, credential)
         built = _adapters[key] = _Built(contract, adapter, sender)
     return built
 
 
-def adapter_for(contract: EffectContract) -> ProviderAdapter:
-    return _built(contract).adapter
+def adapter_for(contract: EffectContract, credential: Credential | None = None) -> ProviderAdapter:
+    """The adapter that sends ``contract``'s effects with ``credential`` (a tenant's), or with
+    the deployment's credential when None."""
+    return _built(contract, credential).adapter
 
 
-def sender_of(contract: EffectContract) -> Sender:
+def sender_of(contract: EffectContract, credential: Credential | None = None) -> Sender:
     """The adapter and credential that send ``contract``'s effects (built if need be)."""
-    return _built(contract).sender
+    return _built(contract, credential).sender
 
 
 def _factory_name(factory: Any) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
 
 
-def _build(contract: EffectContract) -> tuple[ProviderAdapter, Sender]:
+def _build(
+    contract: EffectContract, credential: Credential | None = None
+) -> tuple[ProviderAdapter, Sender]:
     provider = contract.provider
     raw = settings.GATEWAY_PROVIDERS.get(provider)
     if raw is not None:
-        return _build_configured(contract, raw)
+        return _build_configured(contract, raw, credential)
     base_url = settings.GATEWAY_PROVIDER_URLS.get(provider, "")
     timeout = settings.GATEWAY_PROVIDER_TIMEOUT
+    secret = credential.secret if credential else ""
+    shown = credential.fingerprint if credential else ""
     factory = ADAPTERS.get(provider)
     if factory is not None:
-        adapter: ProviderAdapter = factory(ProviderConfig(provider, base_url, timeout, contract))
-        return adapter, Sender(_factory_name(factory))
+        config = ProviderConfig(provider, base_url, timeout, contract, credential=secret)
+        adapter: ProviderAdapter = factory(config)
+        return adapter, Sender(_factory_name(factory), shown)
     if not base_url:
         raise ImproperlyConfigured(
             f"no URL for provider {provider!r} in GATEWAY_PROVIDER_URLS or GATEWAY_PROVIDERS"
         )
-    http = HttpProviderAdapter(base_url, completion_statuses=contract.completion_statuses)
-    return http, Sender(DEFAULT_ADAPTER)
+    http = HttpProviderAdapter(
+        base_url, completion_statuses=contract.completion_statuses, credential=secret
+    )
+    return http, Sender(DEFAULT_ADAPTER, shown)
 
 
-def _build_configured(contract: EffectContract, raw: Any) -> tuple[ProviderAdapter, Sender]:
+def _build_configured(
+    contract: EffectContract, raw: Any, tenant_credential: Credential | None = None
+) -> tuple[ProviderAdapter, Sender]:
     """The adapter of the provider's ``GATEWAY_PROVIDERS`` entry, with its credential read
-    now (from the environment or its file) and kept only by the adapter."""
+    now (from the environment or its file) and kept only by the adapter; or, given a
+    tenant's credential, with that one instead (the deployment's is then not read)."""
     entry = parse_entry(contract.provider, raw)
     pack_factory = ADAPTERS.get(contract.provider)
     if entry.adapter:
@@ -142,7 +172,10 @@ def _build_configured(contract: EffectContract, raw: Any) -> tuple[ProviderAdapt
         factory, name = resolve_factory(DEFAULT_ADAPTER), DEFAULT_ADAPTER
     if entry.adapter in ADAPTER_KINDS and not entry.base_url:
         raise ImproperlyConfigured(f"provider {contract.provider!r}: base_url is missing")
-    credential = entry.read_credential()
+    if tenant_credential is not None:
+        credential = tenant_credential.secret
+    else:
+        credential = entry.read_credential()
     config = ProviderConfig(
         name=contract.provider,
         base_url=entry.base_url or settings.GATEWAY_PROVIDER_URLS.get(contract.provider, ""),

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import imaplib
+import os
 import re
 import smtplib
 import ssl
@@ -61,6 +62,7 @@ from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import formatdate, parseaddr
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.choices import Outcome
 from gateway.contracts import EffectContract
@@ -69,6 +71,7 @@ from gateway.providers.base import (
     ExecuteRequest,
     LookupResult,
     LookupStatus,
+    ProviderConfig,
     ProviderOperation,
 )
 from gateway.providers.http import classify_operation
@@ -653,3 +656,56 @@ __all__ = [
     "message_id_for",
     "queue_id_of",
 ]
+
+
+def from_config(config: ProviderConfig) -> SmtpAdapter:
+    """The SMTP adapter of a ``GATEWAY_PROVIDERS`` entry (``"adapter": "smtp"``): the entry's
+    base URL is the submission server, ``smtp://host:port``; its credential, when there is
+    one, is the AUTH password of the ``username`` option. Options: ``from_address``
+    (required), ``starttls`` (true), ``username``, ``message_id_domain``, ``archive_address``,
+    ``ca_file``, ``local_hostname``, and ``imap``: the archive mailbox's ``host``, ``port``,
+    ``tls``, ``username``, ``password_env`` (the environment variable that holds its
+    password, never the password), ``mailbox``, ``retention_days``, ``server_archives``,
+    ``delivery_grace_seconds``. Without ``imap`` every lookup goes to a human."""
+    parts = urlsplit(config.base_url)
+    if parts.scheme != "smtp" or not parts.hostname:
+        raise ValueError(f"base_url must be smtp://host:port, not {config.base_url!r}")
+    options = config.options
+    imap = _imap_from_options(options.get("imap"))
+    return SmtpAdapter(
+        host=parts.hostname,
+        port=parts.port or 587,
+        from_address=str(options.get("from_address", "")),
+        starttls=bool(options.get("starttls", True)),
+        username=str(options.get("username", "")) if config.credential else "",
+        password=config.credential,
+        ca_file=options.get("ca_file") or None,
+        message_id_domain=str(options.get("message_id_domain", "")),
+        archive_address=str(options.get("archive_address", "")),
+        imap=imap,
+        timeout=config.timeout,
+        local_hostname=options.get("local_hostname") or None,
+        contract=config.contract,
+    )
+
+
+def _imap_from_options(raw: Any) -> ImapArchive | None:
+    if not raw:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("the imap option must be a JSON object")
+    variable = str(raw.get("password_env", ""))
+    password = os.environ.get(variable, "").strip() if variable else ""
+    if not password:
+        raise ValueError(f"imap: password_env names no set variable ({variable or 'none'})")
+    return ImapArchive(
+        host=str(raw.get("host", "")),
+        username=str(raw.get("username", "")),
+        password=password,
+        port=int(raw.get("port", 993)),
+        tls=str(raw.get("tls", "ssl")),
+        mailbox=str(raw.get("mailbox", "INBOX")),
+        retention=timedelta(days=float(raw.get("retention_days", 30))),
+        server_archives=bool(raw.get("server_archives", False)),
+        delivery_grace=timedelta(seconds=float(raw.get("delivery_grace_seconds", 300))),
+    )

@@ -17,6 +17,7 @@ from gateway.choices import OPERATOR_ROLES, TO_RECONCILE, Outcome
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import InvalidTransition, NotFound
 from gateway.models import Effect, Principal, Receipt
+from gateway.provider_credentials import lookup_credential
 from gateway.providers.base import CallResult, LookupResult, not_found_proves_not_started
 from gateway.providers.base import LookupStatus as ProviderLookupStatus
 from gateway.providers.http import classify_operation
@@ -47,8 +48,14 @@ class Verdict:
 
 def _lookup(effect: Effect, contract: EffectContract) -> tuple[str, LookupResult]:
     """Ask the provider by the contract's lookup: the operation id when the effect has one,
-    else the idempotency key the gateway sent (``provider_key``)."""
-    adapter = adapter_for(contract)
+    else the idempotency key the gateway sent (``provider_key``); with the credential that
+    sent the effect (an id or a key belongs to the account that received it), never another
+    in its place: when that credential is retired, the lookup proves nothing."""
+    credential, problem = lookup_credential(effect, contract)
+    if problem:
+        unreachable = LookupResult(ProviderLookupStatus.UNREACHABLE, error=problem)
+        return LookupBy.IDEMPOTENCY_KEY, unreachable
+    adapter = adapter_for(contract, credential)
     timeout = settings.GATEWAY_PROVIDER_TIMEOUT
     if effect.provider_operation_id and "provider_operation_id" in contract.lookup:
         return LookupBy.PROVIDER_OPERATION_ID, adapter.lookup(

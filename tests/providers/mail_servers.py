@@ -56,15 +56,20 @@ class MailHandler:
     """An aiosmtpd handler that records what it accepts. ``fault`` is one of:
 
     - ``"rcpt_451"`` / ``"rcpt_550"``: refuse every RCPT with 451 / 550;
+    - ``"reset_at_data"``: read the body, then close the connection without storing it;
     - ``"drop_after_data"``: store the message, then close the connection without answering;
-    - ``"451_after_data"``: store the message, then answer 451;
-    - ``"slow_after_data"``: store the message, then answer after ``delay`` seconds."""
+    - ``"451_after_data"`` / ``"554_after_data"``: store the message, then answer 451 / 554;
+    - ``"slow_after_data"``: store the message, then answer after ``delay`` seconds.
+
+    ``archive_off``: accepted messages no longer reach the archive Maildir (as if the archive
+    had dropped them: what a lookup past the archive's retention finds)."""
 
     archive_address: str = ""
     maildir: Path | None = None
     maildir_owner: tuple[int, int] | None = None
     fault: str | None = None
     delay: float = 0.0
+    archive_off: bool = False
     messages: list[Stored] = field(default_factory=list)
 
     def count(self, message_id: str) -> int:
@@ -81,10 +86,15 @@ class MailHandler:
         return "250 2.1.5 Ok"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        if self.fault == "reset_at_data":
+            assert server.transport is not None
+            server.transport.abort()
+            return "451 4.3.0 never read by the client"
         raw = envelope.original_content or envelope.content or b""
         content = raw.encode() if isinstance(raw, str) else bytes(raw)
         self.messages.append(Stored(str(envelope.mail_from), list(envelope.rcpt_tos), content))
-        if self.archive_address in envelope.rcpt_tos and self.maildir is not None:
+        archived = self.archive_address in envelope.rcpt_tos and self.maildir is not None
+        if archived and not self.archive_off:
             self.deliver(content)
         queue_id = f"Q{len(self.messages):04d}"
         if self.fault == "drop_after_data":
@@ -93,6 +103,8 @@ class MailHandler:
             return f"250 2.0.0 Ok: queued as {queue_id}"
         if self.fault == "451_after_data":
             return "451 4.3.0 Error: queue file write error"
+        if self.fault == "554_after_data":
+            return "554 5.3.0 Error: transaction failed"
         if self.fault == "slow_after_data":
             await asyncio.sleep(self.delay)
         return f"250 2.0.0 Ok: queued as {queue_id}"

@@ -9,8 +9,14 @@ command runs and stops them after it (``gateway.embedded``).
 
 With ``--providers real``, billing goes to Stripe instead: a stripe-stateful-mock server (an
 npm package pinned in ``scripts/stripe_server/``, installed with ``npm ci`` on first use) runs
-as a fifth child, and the children get a ``GATEWAY_PROVIDERS`` entry that routes the billing
-provider to it through the Stripe adapter (``real_providers``).
+as a fifth child, and email goes to a real SMTP server: aiosmtpd as a sixth child, keeping what
+it accepts in a Maildir under ``var/`` (``var/demo-mail``). The children get
+``GATEWAY_PROVIDERS`` entries that route the billing provider to Stripe through the Stripe
+adapter and the mail provider to the SMTP server through the SMTP adapter
+(``real_providers``). When Debian's Dovecot is installed, it serves that Maildir over IMAP as
+a seventh child (``gateway.management.demo_mail``) and the SMTP adapter's lookups search it;
+without it an email whose send is UNKNOWN cannot be looked up and goes to a human with its
+Message-ID and SMTP transcript.
 
 Quiet by default: one line per effect or saga state change (``--verbose`` for everything).
 The sandbox keeps its operations in ``var/sandbox.json``, so a restart does not make the
@@ -49,7 +55,7 @@ from django.db import connection, connections
 
 from gateway import embedded
 from gateway.api.auth import hash_token
-from gateway.management import demo_incidents
+from gateway.management import demo_incidents, demo_mail
 from gateway.models import ApiToken
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,6 +92,14 @@ STRIPE_SERVER_DIR = ROOT / "scripts" / "stripe_server"
 STRIPE_ENTRY = STRIPE_SERVER_DIR / "node_modules" / "stripe-stateful-mock" / "dist" / "autostart.js"
 STRIPE_KEY_ENV = "DEMO_STRIPE_SECRET_KEY"
 STRIPE_TEST_KEY = "sk_test_effect_gateway_demo"  # the mock takes any sk_test_ key
+# --providers real: aiosmtpd (a development dependency) as the mail server, its Maildir kept
+# under var/, and the sender of the demo's emails.
+SMTP_FROM = "gateway@demo.example.com"
+
+
+# What the demo waits for before it prints the banner: a URL (or request) that answers 200, or
+# a probe that says whether its server is ready.
+Health = str | urllib.request.Request | Callable[[], bool]
 
 
 @dataclass
@@ -162,10 +176,20 @@ class Command(BaseCommand):
             choices=["sandbox", "real"],
             default="sandbox",
             help="'sandbox' (default): every provider on the sandbox; 'real': billing on "
-            "Stripe (stripe-stateful-mock, needs node), the others on the sandbox",
+            "Stripe (stripe-stateful-mock, needs node), email on SMTP (aiosmtpd), the others "
+            "on the sandbox",
         )
         parser.add_argument(
             "--stripe-port", type=int, default=12111, help="the Stripe server's port (real)"
+        )
+        parser.add_argument(
+            "--smtp-port", type=int, default=8025, help="the SMTP server's port (real)"
+        )
+        parser.add_argument(
+            "--imap-port",
+            type=int,
+            default=8143,
+            help="the IMAP archive's port (real, when Dovecot is installed)",
         )
         parser.add_argument(
             "--scenario",
@@ -191,13 +215,17 @@ class Command(BaseCommand):
         self.output_lock = threading.Lock()
         real = options["providers"] == "real"
         stripe_url = f"http://127.0.0.1:{options['stripe_port']}"
+        smtp_port = options["smtp_port"]
 
         ensure_ports_free(
             [(host, port), ("127.0.0.1", sandbox_port)]
-            + ([("127.0.0.1", options["stripe_port"])] if real else [])
+            + ([("127.0.0.1", options["stripe_port"]), ("127.0.0.1", smtp_port)] if real else [])
         )
         if real:
             self.stdout.write(f"==> billing on Stripe: stripe-stateful-mock at {stripe_url}")
+            self.stdout.write(f"==> email on SMTP: aiosmtpd at 127.0.0.1:{smtp_port}")
+            if demo_mail.dovecot_missing(mail_dir()):
+                self.stdout.write(f"==> {demo_mail.dovecot_missing(mail_dir())}")
             ensure_stripe_server()
         self.stdout.write(f"==> {describe_servers()}")
         self.prepare_database()
@@ -206,23 +234,25 @@ class Command(BaseCommand):
         children = build_children(host, port, sandbox_port, verbose=options["verbose"])
         if real:
             children.insert(0, stripe_child(options["stripe_port"], verbose=options["verbose"]))
+            mail = mail_servers(smtp_port, options["imap_port"])
+            children[1:1] = mail.children
         for index, child in enumerate(children):
             child.colour = COLOURS[index % len(COLOURS)] if self.colour else ""
         base = f"http://{browser_host(host)}:{port}/"
         sandbox_url = f"http://127.0.0.1:{sandbox_port}"
-        health_urls: list[str | urllib.request.Request] = [
+        health_urls: list[Health] = [
             f"{base}healthz",
             f"{sandbox_url}/_health",
         ]
         if real:
-            health_urls.append(stripe_health(stripe_url))
+            health_urls += [stripe_health(stripe_url), *mail.health]
 
         stop = StopSignal()
         restore = install_signal_handlers(stop)
         try:
             env = child_environment(sandbox_port, verbose=options["verbose"])
             if real:
-                env.update(real_providers_environment(stripe_url))
+                env.update(mail.environment(stripe_url, smtp_port))
             for child in children:
                 start_child(child, env, self.emit)
             wait_until_healthy(children, health_urls, stop)
@@ -238,6 +268,7 @@ class Command(BaseCommand):
                     scenario=scenario,
                     seconds=time.monotonic() - started,
                     stripe_url=stripe_url if real else None,
+                    smtp_port=smtp_port if real else None,
                 )
                 if not options["check"]:
                     supervise(children, stop)
@@ -322,6 +353,7 @@ class Command(BaseCommand):
         scenario: str | None,
         seconds: float,
         stripe_url: str | None = None,
+        smtp_port: int | None = None,
     ) -> None:
         """Tell the operator where everything is and how to submit a first command; the same
         text goes to var/demo.txt, to find it again once the logs have scrolled it away."""
@@ -330,6 +362,11 @@ class Command(BaseCommand):
             lines[3:3] = [
                 f"  Stripe     {stripe_url}  (stripe-stateful-mock; billing's charges and",
                 f"             refunds: curl -u {STRIPE_TEST_KEY}: {stripe_url}/v1/refunds)",
+            ]
+        if smtp_port:
+            lines[3:3] = [
+                f"  SMTP       127.0.0.1:{smtp_port}  (aiosmtpd; the emails it accepted are in",
+                f"             {mail_dir()}/new)",
             ]
         path = var_dir() / "demo.txt"
         write_private(path, "\n".join(lines) + "\n")
@@ -487,11 +524,14 @@ def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) ->
     ]
 
 
-def real_providers(stripe_url: str) -> dict[str, Any]:
+def real_providers(
+    stripe_url: str, *, smtp_port: int | None = None, imap_port: int | None = None
+) -> dict[str, Any]:
     """``GATEWAY_PROVIDERS`` of ``--providers real``: billing on Stripe at ``stripe_url``, with
     the test-mode key from ``DEMO_STRIPE_SECRET_KEY`` and ``tok_visa`` as the card of charges
-    that name none. (Mail over SMTP gets its entry here once its adapter exists.)"""
-    return {
+    that name none; mail on the SMTP server at loopback ``smtp_port`` (no STARTTLS, no AUTH:
+    loopback only), its lookups in the IMAP archive at ``imap_port`` when there is one."""
+    providers: dict[str, Any] = {
         "billing": {
             "adapter": "stripe",
             "base_url": stripe_url,
@@ -499,16 +539,102 @@ def real_providers(stripe_url: str) -> dict[str, Any]:
             "options": {"default_source": "tok_visa"},
         },
     }
+    if smtp_port:
+        providers["mail"] = {
+            "adapter": "smtp",
+            "base_url": f"smtp://127.0.0.1:{smtp_port}",
+            "options": {"from_address": SMTP_FROM, "starttls": False},
+        }
+        if imap_port:
+            providers["mail"]["options"]["imap"] = demo_mail.imap_option(imap_port)
+    return providers
 
 
-def real_providers_environment(stripe_url: str) -> dict[str, str]:
+def real_providers_environment(
+    stripe_url: str,
+    *,
+    smtp_port: int | None = None,
+    imap_port: int | None = None,
+    imap_password: str = "",
+) -> dict[str, str]:
     """The children's variables for ``--providers real``: ``GATEWAY_PROVIDERS`` (entries the
-    environment already has win over the demo's) and the Stripe key (ours unless set)."""
+    environment already has win over the demo's), the Stripe key (ours unless set) and the
+    IMAP archive's password (when there is one)."""
     configured = json.loads(os.environ.get("GATEWAY_PROVIDERS") or "{}")
-    return {
-        "GATEWAY_PROVIDERS": json.dumps({**real_providers(stripe_url), **configured}),
+    demo = real_providers(stripe_url, smtp_port=smtp_port, imap_port=imap_port)
+    environment = {
+        "GATEWAY_PROVIDERS": json.dumps({**demo, **configured}),
         STRIPE_KEY_ENV: os.environ.get(STRIPE_KEY_ENV) or STRIPE_TEST_KEY,
     }
+    if imap_password:
+        environment[demo_mail.IMAP_PASSWORD_ENV] = imap_password
+    return environment
+
+
+@dataclass
+class MailServers:
+    """The demo's mail servers: aiosmtpd, and Dovecot as its IMAP archive when installed."""
+
+    children: list[Child]
+    health: list[Health]
+    imap_port: int | None = None
+    imap_password: str = ""
+
+    def environment(self, stripe_url: str, smtp_port: int) -> dict[str, str]:
+        return real_providers_environment(
+            stripe_url,
+            smtp_port=smtp_port,
+            imap_port=self.imap_port,
+            imap_password=self.imap_password,
+        )
+
+
+def mail_servers(smtp_port: int, imap_port: int) -> MailServers:
+    """The SMTP child delivering into ``mail_dir()``, and the IMAP child serving it when
+    Dovecot is installed (``gateway.management.demo_mail``)."""
+    maildir = mail_dir()
+    servers = MailServers([smtp_child(smtp_port, maildir)], [smtp_health(smtp_port)])
+    if demo_mail.dovecot_missing(maildir):
+        return servers
+    ensure_ports_free([("127.0.0.1", imap_port)])
+    archive = demo_mail.configure_dovecot(var_dir() / "demo-imap", maildir, imap_port)
+    servers.children.append(Child("imap", archive.argv))
+    servers.health.append(demo_mail.imap_ready(imap_port))
+    servers.imap_port, servers.imap_password = imap_port, archive.password
+    return servers
+
+
+def mail_dir() -> Path:
+    """The Maildir the demo's SMTP server delivers every message it accepts into."""
+    return var_dir() / "demo-mail"
+
+
+def smtp_child(port: int, maildir: Path) -> Child:
+    """aiosmtpd on loopback ``port``, delivering what it accepts into ``maildir``."""
+    for sub in ("new", "cur", "tmp"):
+        (maildir / sub).mkdir(parents=True, exist_ok=True)
+    return Child(
+        "smtp",
+        [
+            sys.executable,
+            *["-m", "aiosmtpd", "-n", "-l", f"127.0.0.1:{port}"],
+            *["-c", "aiosmtpd.handlers.Mailbox", str(maildir)],
+        ],
+    )
+
+
+def smtp_health(port: int) -> Callable[[], bool]:
+    """The SMTP server's readiness probe: it greets with 220."""
+
+    def ready() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                return sock.recv(64).startswith(b"220")
+        except OSError:
+            return False
+
+    ready.__name__ = f"smtp://127.0.0.1:{port}"
+    return ready
 
 
 def ensure_stripe_server() -> None:
@@ -622,9 +748,7 @@ def check_children(children: list[Child]) -> None:
             raise ChildExited(child)
 
 
-def wait_until_healthy(
-    children: list[Child], urls: list[str | urllib.request.Request], stop: StopSignal
-) -> None:
+def wait_until_healthy(children: list[Child], urls: list[Health], stop: StopSignal) -> None:
     """Poll each health URL until it answers 200; fail if a child dies or time runs out."""
     deadline = time.monotonic() + HEALTH_TIMEOUT
     for url in urls:
@@ -633,7 +757,11 @@ def wait_until_healthy(
             if answers_ok(url):
                 break
             if time.monotonic() > deadline:
-                where = url.full_url if isinstance(url, urllib.request.Request) else url
+                where = (
+                    url.full_url
+                    if isinstance(url, urllib.request.Request)
+                    else getattr(url, "__name__", str(url))
+                )
                 raise CommandError(f"{where} did not answer 200 within {HEALTH_TIMEOUT:.0f}s")
             stop.requested.wait(POLL)
 
@@ -642,8 +770,10 @@ def wait_until_healthy(
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def answers_ok(url: str | urllib.request.Request) -> bool:
-    """True when a GET of `url` answers 200 within two seconds."""
+def answers_ok(url: Health) -> bool:
+    """True when a GET of `url` answers 200 within two seconds (a probe: when it says so)."""
+    if callable(url):
+        return url()
     try:
         with _DIRECT.open(url, timeout=2) as response:
             return response.status == 200

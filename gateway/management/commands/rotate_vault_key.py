@@ -1,5 +1,5 @@
-"""``manage.py rotate_vault_key``: re-seal every command's payload under the first key of
-``GATEWAY_VAULT_KEY``.
+"""``manage.py rotate_vault_key``: re-seal every command's payload, and every tenant's provider
+credential, under the first key of ``GATEWAY_VAULT_KEY``.
 
 Rotation: put the new key first (``GATEWAY_VAULT_KEY=new,old``), restart, run this, then
 drop the old key. The commands stay frozen: the database allows this one column to change.
@@ -11,6 +11,7 @@ from django.db import transaction
 from gateway.integrity import payload_binding
 from gateway.lib.vault import reseal_bound
 from gateway.models import Command as LedgerCommand
+from gateway.provider_credentials import credentials_reseal
 
 
 class Command(BaseCommand):
@@ -41,3 +42,5 @@ class Command(BaseCommand):
             done += len(rows)
             last = rows[-1][0]
         self.stdout.write(f"Re-sealed {done} payloads under the current key.")
+        count = credentials_reseal()
+        self.stdout.write(f"Re-sealed {count} provider credentials under the current key.")

@@ -11,7 +11,14 @@ with the server's own records as the oracle (docs/guides/provider-conformance.md
 """
 
 from gateway.providers.conformance.drivers import Driver, RecordsDriver, SandboxDriver
-from gateway.providers.conformance.matrix import CASES, CASES_BY_NAME, Case, Decision, Fault
+from gateway.providers.conformance.matrix import (
+    CASES,
+    CASES_BY_NAME,
+    NOT_FOR_MAIL,
+    Case,
+    Decision,
+    Fault,
+)
 from gateway.providers.conformance.proxy import FaultProxy
 from gateway.providers.conformance.runner import (
     FAIL,
@@ -29,6 +36,7 @@ __all__ = [
     "CASES",
     "CASES_BY_NAME",
     "FAIL",
+    "NOT_FOR_MAIL",
     "PASS",
     "SKIP",
     "Case",

@@ -216,3 +216,19 @@ CASES: tuple[Case, ...] = (
 )
 
 CASES_BY_NAME = {case.name: case for case in CASES}
+
+# The cases that do not apply to an SMTP server (gateway.providers.smtp), and why. The others
+# apply: a refused connection; a connection reset after the body left but before the server
+# stored it; a connection dropped, a 4xx/5xx answer, or an answer slower than the timeout,
+# after the server stored the message; the key (Message-ID) sent again with another body;
+# "not found" within and after the archive's retention. The server's own records (what it
+# accepted) are the oracle, and the IMAP archive mailbox answers the lookups.
+NOT_FOR_MAIL: dict[str, str] = {
+    "conflict_409": "SMTP has no resource versions: a server cannot refuse a message as stale",
+    "rate_limited_429": "SMTP has no Retry-After: a server that wants the client to come back "
+    "answers 4xx before the body (NOT_STARTED, sent again later), with no wait to report",
+    "processing_then_succeeded": "SMTP has no 'in progress': once the body's final dot is "
+    "answered the message is queued or it is not; delivery is the mail system's business",
+    "processing_then_failed": "SMTP has no 'in progress' (see processing_then_succeeded); a "
+    "bounce after acceptance is a new message, not a status of the send",
+}

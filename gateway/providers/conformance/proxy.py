@@ -15,7 +15,9 @@ matches a regular expression):
   409); never forwarded.
 
 A refused connection needs no rule: :attr:`FaultProxy.refused_url` names a bound port
-where nothing listens. What the proxy did is in :attr:`FaultProxy.events`.
+where nothing listens. What the proxy did is in :attr:`FaultProxy.events`, with the request
+headers named in ``record_headers`` as they arrived (e.g. which credential each request
+carried to the server: a test's oracle of credential scoping).
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ class _Answer:
 class FaultProxy:
     """An HTTP fault proxy in front of one server (``upstream``: its base URL or origin)."""
 
-    def __init__(self, upstream: str, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, upstream: str, *, host: str = "127.0.0.1", record_headers: tuple[str, ...] = ()
+    ) -> None:
+        self.record_headers = record_headers
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {upstream!r}")
@@ -244,6 +249,12 @@ class _Handler(BaseHTTPRequestHandler):
         action = rule.action if rule is not None else "forward"
         params = rule.params if rule is not None else {}
         event: dict[str, Any] = {"method": method, "path": self.path, "action": action}
+        if proxy.record_headers:
+            event["headers"] = {
+                name.lower(): self.headers.get(name)
+                for name in proxy.record_headers
+                if self.headers.get(name) is not None
+            }
         if action == "reset":
             proxy.record(**event, forwarded=False)
             self._cut(reset=True)

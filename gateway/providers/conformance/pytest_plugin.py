@@ -37,7 +37,7 @@ import pytest
 
 from gateway.providers.conformance.matrix import CASES, CASES_BY_NAME, Case
 from gateway.providers.conformance.proxy import FaultProxy
-from gateway.providers.conformance.runner import SKIP, CaseReport, Subject, run_case
+from gateway.providers.conformance.runner import SKIP, CaseReport, Subject, proxy_for, run_case
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,7 +62,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def conformance_proxy(conformance_subject: Subject) -> Iterator[FaultProxy]:
     """A fault proxy in front of the subject's server, for one test."""
-    with FaultProxy(conformance_subject.base_url) as proxy:
+    with proxy_for(conformance_subject) as proxy:
         yield proxy
 
 

@@ -83,6 +83,19 @@ class Subject:
     # Cases whose expectation differs for this provider, by name (a provider whose 409 means
     # "locked, come back later" rather than "stale version"): each replaces the shipped case.
     overrides: Mapping[str, Case] = field(default_factory=dict)
+    # False for a server that does not speak HTTP (SMTP): the adapter is pointed at the
+    # server itself (``base_url`` may then be any URL its factory reads, e.g. smtp://host:port)
+    # and every fault but a refused connection comes from the driver.
+    proxied: bool = True
+    # Cases that do not apply to this kind of provider, by name, with the reason (e.g.
+    # ``matrix.NOT_FOR_MAIL``): reported SKIP with it, never run.
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
+
+
+def proxy_for(subject: Subject) -> FaultProxy:
+    """The fault proxy of a run: in front of the subject's server, or (a server the proxy
+    cannot speak to) one that only lends its refusing port."""
+    return FaultProxy(subject.base_url if subject.proxied else "http://127.0.0.1")
 
 
 @dataclass
@@ -142,7 +155,10 @@ class _Run:
         self.report.problems.append(text)
 
     def adapter(self, *, refused: bool = False) -> ProviderAdapter:
-        return self.subject.adapter(self.proxy.front(self.subject.base_url, refused=refused))
+        base_url = self.subject.base_url
+        if refused or self.subject.proxied:
+            base_url = self.proxy.front(base_url, refused=refused)
+        return self.subject.adapter(base_url)
 
     def arrange(self) -> bool:
         """Make the case's faults; True when connections are to be refused."""
@@ -168,6 +184,8 @@ class _Run:
 
     def _by_proxy(self, fault: Fault) -> bool:
         proxy, timeout = self.proxy, self.subject.timeout
+        if not self.subject.proxied:
+            return False
         if fault == Fault.RESET_BEFORE_COMMIT:
             proxy.add("reset")
         elif fault == Fault.DROP_AFTER_COMMIT:
@@ -281,6 +299,10 @@ def run_case(case: Case, subject: Subject, proxy: FaultProxy) -> CaseReport:
     """Run one case through ``proxy`` (a started :class:`FaultProxy` in front of
     ``subject.base_url``); faults are cleared afterwards whatever happened."""
     case = subject.overrides.get(case.name, case)
+    if case.name in subject.not_applicable:
+        return CaseReport(
+            case, status=SKIP, evidence=[f"does not apply: {subject.not_applicable[case.name]}"]
+        )
     run = _Run(case, subject, proxy)
     try:
         run.go()
@@ -297,7 +319,7 @@ def run_case(case: Case, subject: Subject, proxy: FaultProxy) -> CaseReport:
 
 def run_matrix(subject: Subject, cases: Iterable[Case] = CASES) -> list[CaseReport]:
     """Every case, in order, through a fault proxy of its own in front of the server."""
-    with FaultProxy(subject.base_url) as proxy:
+    with proxy_for(subject) as proxy:
         return [run_case(case, subject, proxy) for case in cases]
 
 
