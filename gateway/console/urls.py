@@ -3,7 +3,7 @@ and sagas under the ``console:`` namespace."""
 
 from django.urls import URLPattern, path
 
-from gateway.console import approvals, auth, bulk, controls, effects, search, triage
+from gateway.console import approvals, auth, bulk, controls, effects, oauth, search, triage
 
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
@@ -34,4 +34,9 @@ urlpatterns: list[URLPattern] = [
     ),
     path("controls/tokens/<int:token_id>/revoke", controls.token_revoke, name="token-revoke"),
     path("controls/tokens/<int:token_id>/rotate", controls.token_rotate, name="token-rotate"),
+    # Remote MCP clients connected through OAuth (admins).
+    path("mcp-clients", oauth.clients, name="oauth-clients"),
+    path(
+        "mcp-clients/<int:connection_id>/revoke", oauth.client_revoke, name="oauth-client-revoke"
+    ),
 ]
