@@ -36,7 +36,5 @@ urlpatterns: list[URLPattern] = [
     path("controls/tokens/<int:token_id>/rotate", controls.token_rotate, name="token-rotate"),
     # Remote MCP clients connected through OAuth (admins).
     path("mcp-clients", oauth.clients, name="oauth-clients"),
-    path(
-        "mcp-clients/<int:connection_id>/revoke", oauth.client_revoke, name="oauth-client-revoke"
-    ),
+    path("mcp-clients/<int:connection_id>/revoke", oauth.client_revoke, name="oauth-client-revoke"),
 ]
