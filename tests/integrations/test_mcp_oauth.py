@@ -360,7 +360,7 @@ def tokens_for(admin: Principal, bot: Principal, resource: str) -> dict:
     )
     assert answer.status_code == 302, answer.content
     code = parse_qs(urlsplit(answer["Location"]).query)["code"][0]
-    exchanged = Client().post(
+    exchanged = Client(enforce_csrf_checks=True).post(
         "/oauth/token/",
         {
             "grant_type": "authorization_code",
@@ -464,7 +464,7 @@ def test_a_token_for_another_audience_is_refused(mcp_url, gateway_url, admin_per
 def test_a_token_revoked_by_its_client_is_refused_at_once(mcp_url, admin_person, bot):
     tokens = tokens_for(admin_person, bot, mcp_url)
     assert mcp_post(mcp_url, tokens["access_token"]).status_code == 200
-    revoked = Client().post(
+    revoked = Client(enforce_csrf_checks=True).post(
         "/oauth/revoke/",
         {"token": tokens["access_token"], "client_id": tokens["client_id"]},
     )
@@ -496,7 +496,7 @@ def test_a_code_exchanged_without_its_verifier_is_refused(admin_person, bot, set
     )
     code = parse_qs(urlsplit(answer["Location"]).query)["code"][0]
     for verifier in ({}, {"code_verifier": secrets.token_urlsafe(48)}):
-        exchanged = Client().post(
+        exchanged = Client(enforce_csrf_checks=True).post(
             "/oauth/token/",
             {
                 "grant_type": "authorization_code",

@@ -129,6 +129,40 @@ def security_settings(
     )
 
 
+def challenge(resource_url: str, detail: str, *, token_given: bool) -> Any:
+    """The 401 of the endpoint. RFC 6750 §3: no error code when no token came; the metadata
+    link either way, so an OAuth client finds the authorization server (the MCP
+    authorization specification)."""
+    from starlette.responses import JSONResponse
+
+    header = f'Bearer resource_metadata="{resource_metadata_url(resource_url)}"'
+    if token_given:
+        header += f', error="invalid_token", error_description={json.dumps(detail)}'
+    return JSONResponse(
+        {"error": "invalid_token", "error_description": detail},
+        status_code=401,
+        headers={"WWW-Authenticate": header},
+    )
+
+
+def metadata_routes(resource_url: str, metadata: dict[str, Any]) -> list[Any]:
+    """The protected-resource metadata at the well-known path, bare and with the resource's
+    own path (``/mcp``, or the path a proxy maps)."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def protected_resource(request: Request) -> Response:
+        # Public metadata: any page may read it (browser-based MCP clients).
+        return JSONResponse(metadata, headers={"Access-Control-Allow-Origin": "*"})
+
+    paths = {PRM_PATH, f"{PRM_PATH}/mcp"}
+    resource_path = urlsplit(resource_url).path.rstrip("/")
+    if resource_path:
+        paths.add(f"{PRM_PATH}{resource_path}")
+    return [Route(path, endpoint=protected_resource, methods=["GET"]) for path in sorted(paths)]
+
+
 def http_app(
     tools: GatewayTools,
     security: Any = None,
@@ -143,25 +177,13 @@ def http_app(
     from mcp.server.transport_security import TransportSecurityMiddleware
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     manager = StreamableHTTPSessionManager(app=build_server(tools), security_settings=security)
     guard = TransportSecurityMiddleware(security)
     metadata = resource_metadata(resource_url, authorization_server or tools.base_url)
-    challenge = f'Bearer resource_metadata="{resource_metadata_url(resource_url)}"'
-
-    def unauthorized(detail: str, *, token_given: bool) -> JSONResponse:
-        # RFC 6750 §3: no error code when no token came; the metadata link either way, so an
-        # OAuth client finds the authorization server (the MCP authorization specification).
-        header = challenge
-        if token_given:
-            header += f', error="invalid_token", error_description={json.dumps(detail)}'
-        return JSONResponse(
-            {"error": "invalid_token", "error_description": detail},
-            status_code=401,
-            headers={"WWW-Authenticate": header},
-        )
+    unauthorized = partial(challenge, resource_url)
 
     async def mcp_endpoint(scope, receive, send) -> None:
         refused = await guard.validate_request(Request(scope), is_post=False)
@@ -191,10 +213,6 @@ def http_app(
             return
         await manager.handle_request(scope, receive, send)
 
-    async def protected_resource(request: Request) -> Response:
-        # Public metadata: any page may read it (browser-based MCP clients).
-        return JSONResponse(metadata, headers={"Access-Control-Allow-Origin": "*"})
-
     @contextlib.asynccontextmanager
     async def lifespan(app) -> AsyncIterator[None]:
         async with manager.run():
@@ -206,14 +224,7 @@ def http_app(
         async def __call__(self, scope, receive, send) -> None:
             await mcp_endpoint(scope, receive, send)
 
-    resource_path = urlsplit(resource_url).path.rstrip("/")
-    routes = [
-        Route("/mcp", endpoint=Endpoint()),
-        Route(PRM_PATH, endpoint=protected_resource, methods=["GET"]),
-        Route(f"{PRM_PATH}/mcp", endpoint=protected_resource, methods=["GET"]),
-    ]
-    if resource_path and resource_path != "/mcp":  # behind a proxy that maps another path
-        routes.append(Route(f"{PRM_PATH}{resource_path}", protected_resource, methods=["GET"]))
+    routes = [Route("/mcp", endpoint=Endpoint()), *metadata_routes(resource_url, metadata)]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
