@@ -524,3 +524,45 @@ def test_a_denied_client_gets_no_code(admin_person, bot, settings):
     params = parse_qs(urlsplit(answer["Location"]).query)
     assert params["error"] == ["access_denied"] and "code" not in params
     assert not OAuthConnection.objects.exists()
+
+
+def test_a_refresh_token_is_used_once(admin_person, bot, settings):
+    resource = "http://127.0.0.1:9/mcp"
+    settings.GATEWAY_OAUTH_RESOURCES = [resource]
+    tokens = tokens_for(admin_person, bot, resource)
+
+    def refresh(refresh_token: str):
+        return Client(enforce_csrf_checks=True).post(
+            "/oauth/token/",
+            {
+                "grant_type": "refresh_token",
+                "refresh_token": refresh_token,
+                "client_id": tokens["client_id"],
+            },
+        )
+
+    first = refresh(tokens["refresh_token"])
+    assert first.status_code == 200
+    assert first.json()["refresh_token"] != tokens["refresh_token"]  # rotated
+    assert refresh(tokens["refresh_token"]).status_code in (400, 401)  # reused: refused
+
+
+def test_only_the_tenants_admins_see_and_disconnect_its_clients(admin_person, bot, settings):
+    from tests.conftest import issue_token
+
+    resource = "http://127.0.0.1:9/mcp"
+    settings.GATEWAY_OAUTH_RESOURCES = [resource]
+    tokens_for(admin_person, bot, resource)
+    connection = OAuthConnection.objects.get()
+    issue_token("acme", "oscar", "operator", password=PASSWORD)
+    issue_token("globex", "root", "admin", password=PASSWORD)
+    operator, rival = Client(), Client()
+    operator.force_login(get_user_model().objects.get(username="oscar@acme"))
+    rival.force_login(get_user_model().objects.get(username="root@globex"))
+    assert operator.get("/mcp-clients").status_code == 403
+    assert operator.post(f"/mcp-clients/{connection.pk}/revoke").status_code == 403
+    listing = rival.get("/mcp-clients")
+    assert listing.status_code == 200 and "Test connector" not in listing.text
+    assert rival.post(f"/mcp-clients/{connection.pk}/revoke").status_code == 404
+    connection.refresh_from_db()
+    assert connection.revoked_at is None
