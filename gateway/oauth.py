@@ -20,7 +20,7 @@ import hashlib
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 from oauth2_provider.models import AccessToken, Application, Grant, RefreshToken
 
@@ -140,12 +140,22 @@ def connection_revoke(*, connection: OAuthConnection, actor: Principal) -> OAuth
 
 
 def connections_of(tenant_id: int):
-    """The tenant's MCP clients, newest approval first, with their live token count."""
+    """The tenant's MCP clients: connected ones first, newest approval first."""
     return (
         OAuthConnection.objects.filter(tenant_id=tenant_id)
         .select_related("application", "principal")
         .order_by("revoked_at", "-approved_at")
     )
+
+
+def live_token_counts(application_ids: list[int]) -> dict[int, int]:
+    """Unexpired access tokens per application."""
+    rows = (
+        AccessToken.objects.filter(application_id__in=application_ids, expires__gt=timezone.now())
+        .values("application_id")
+        .annotate(n=Count("id"))
+    )
+    return {row["application_id"]: row["n"] for row in rows}
 
 
 def principal_for_access_token(

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from oauth2_provider.exceptions import OAuthToolkitError
 from oauth2_provider.forms import AllowForm
-from oauth2_provider.models import AccessToken, Application
+from oauth2_provider.models import Application
 from oauth2_provider.views import AuthorizationView
 from oauthlib.oauth2.rfc6749.errors import InvalidRequestError
 
@@ -137,12 +137,7 @@ def clients(request: ConsoleRequest) -> HttpResponse:
     """The tenant's connected MCP clients, each with what it acts as and its live tokens."""
     _require_admin(request)
     connections = list(oauth.connections_of(request.principal.tenant_id))
-    live = AccessToken.objects.filter(
-        application_id__in=[c.application_id for c in connections]
-    ).values_list("application_id", flat=True)
-    counts: dict[int, int] = {}
-    for application_id in live:
-        counts[application_id] = counts.get(application_id, 0) + 1
+    counts = oauth.live_token_counts([c.application_id for c in connections])
     rows = [(c, counts.get(c.application_id, 0)) for c in connections]
     return render(
         request, "gateway/oauth_clients.html", {"rows": rows, "view_name": "oauth-clients"}
