@@ -96,6 +96,31 @@ class ApiToken(models.Model):
         return f"{self.prefix}… ({self.principal})"
 
 
+class OAuthConnection(models.Model):
+    """A remote MCP client (an OAuth application) an admin approved to act as one principal.
+
+    Every access token of the application acts as ``principal`` under that principal's grants;
+    revoking the connection ends its tokens at once.
+    """
+
+    application = models.OneToOneField(
+        settings.OAUTH2_PROVIDER_APPLICATION_MODEL,
+        on_delete=models.CASCADE,
+        related_name="gateway_connection",
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="oauth_connections")
+    principal = models.ForeignKey(
+        Principal, on_delete=models.PROTECT, related_name="oauth_connections"
+    )
+    approved_by = models.CharField(max_length=200)
+    approved_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=200, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.application_id} as {self.principal_id}"
+
+
 class Capability(models.Model):
     """A grant under which an agent may submit: effect types, resources, budget, expiry.
 

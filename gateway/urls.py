@@ -6,9 +6,11 @@ from django.urls import include, path
 from django.utils.csp import CSP
 from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from oauth2_provider import views as oauth_views
 
 from gateway import health
 from gateway.api_root import api_root
+from gateway.console import oauth as console_oauth
 from gateway.console import urls as console_urls
 from gateway.metrics_access import metrics_guard
 from reconciliation import urls as reconciliation_urls
@@ -24,7 +26,34 @@ console = [
     *sagas_urls.console_urlpatterns,
 ]
 
+# The OAuth 2.1 authorization server of remote MCP clients (gateway.oauth): django-oauth-toolkit's
+# endpoints under its own namespace (its metadata view reverses them), the authorize page the
+# console's. Its application-management and introspection views are not served.
+oauth_endpoints = [
+    path(
+        ".well-known/oauth-authorization-server",
+        oauth_views.OAuthServerMetadataView.as_view(),
+        name="oauth-server-metadata",
+    ),
+    path("oauth/authorize/", console_oauth.authorize, name="authorize"),
+    path("oauth/token/", oauth_views.TokenView.as_view(), name="token"),
+    path("oauth/revoke/", oauth_views.RevokeTokenView.as_view(), name="revoke-token"),
+    path(
+        "oauth/register/",
+        oauth_views.DynamicClientRegistrationView.as_view(),
+        name="dcr-register",
+    ),
+    # RFC 7592: a client reads, updates or deletes its own registration with the
+    # registration access token it was given.
+    path(
+        "oauth/register/<str:client_id>/",
+        oauth_views.DynamicClientRegistrationManagementView.as_view(),
+        name="dcr-register-management",
+    ),
+]
+
 urlpatterns = [
+    path("", include((oauth_endpoints, "oauth2_provider"))),
     path("api/", api_root, name="api-root"),
     path("api/v1/", api_root, name="api-root-v1"),
     path("api/v1/", include("gateway.api.urls")),

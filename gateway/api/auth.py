@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from oauth2_provider.models import AccessToken
 from rest_framework import authentication, exceptions, throttling
 
-from gateway import trust
+from gateway import oauth, trust
 from gateway.errors import NotPermitted
 from gateway.models import ApiToken, Principal
 from gateway.tokens import TOKEN_PREFIX as TOKEN_PREFIX
@@ -69,6 +70,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             token = header[1].decode()
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("The token is not valid.") from None
+        if not token.startswith(TOKEN_PREFIX):
+            return _oauth_user(request, token)
         record = _token_record(hash_token(token))
         if record is None or (
             record.expires_at is not None and record.expires_at <= timezone.now()
@@ -83,6 +86,22 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return self.keyword
+
+
+def _oauth_user(request, token: str):
+    """An OAuth access token of a remote MCP client (gateway.oauth): the principal its
+    connection acts as, when the MCP endpoint it was issued for presents it."""
+    try:
+        principal, record = oauth.principal_for_access_token(
+            token, resource=request.META.get("HTTP_X_GATEWAY_RESOURCE")
+        )
+    except oauth.TokenRefused as refused:
+        raise exceptions.AuthenticationFailed(str(refused)) from None
+    if principal.frozen:
+        raise exceptions.PermissionDenied(
+            f"Principal {principal.name} is frozen: its tokens read nothing."
+        )
+    return PrincipalUser(principal), record
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -166,6 +185,8 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         auth = request.auth
         if isinstance(auth, ApiToken):
             return f"token:{auth.pk}"
+        if isinstance(auth, AccessToken):
+            return f"oauth:{auth.pk}"
         if request.user is not None and getattr(request.user, "is_authenticated", False):
             return f"user:{request.user.pk}"
         return f"ip:{self.get_ident(request)}"

@@ -9,6 +9,7 @@ from gateway.console import (
     bulk,
     controls,
     effects,
+    oauth,
     provider_credentials,
     search,
     triage,
@@ -64,4 +65,7 @@ urlpatterns: list[URLPattern] = [
         provider_credentials.provider_credential_retire,
         name="provider-credential-retire",
     ),
+    # Remote MCP clients connected through OAuth (admins).
+    path("mcp-clients", oauth.clients, name="oauth-clients"),
+    path("mcp-clients/<int:connection_id>/revoke", oauth.client_revoke, name="oauth-client-revoke"),
 ]

@@ -51,6 +51,7 @@ class AsyncGatewayClient:
         max_backoff: float = 10.0,
         user_agent: str = "effect-gateway-client/2 (async)",
         transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         if not token:
             raise ValueError("a gateway token is required (python manage.py issue_token …)")
@@ -65,6 +66,9 @@ class AsyncGatewayClient:
                 "Authorization": f"Bearer {token}",
                 "Accept": "application/json",
                 "User-Agent": user_agent,
+                # Extra headers on every request, e.g. the MCP endpoint an OAuth token
+                # reached (X-Gateway-Resource).
+                **(headers or {}),
             },
             timeout=timeout,
             transport=transport,

@@ -61,6 +61,10 @@ from effect_gateway_client.mcp_server.schemas import lenient, portable
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "effect-gateway"
+# Over HTTP, the MCP endpoint's own URL (its OAuth resource) goes with every gateway request in
+# this header: the gateway accepts an OAuth access token only from the endpoint it was issued
+# for (RFC 8707), so a token minted for another audience is refused here.
+RESOURCE_HEADER = "X-Gateway-Resource"
 MAX_WAIT = 120.0
 # How long one token's tool list is reused before the gateway is asked again (grants change).
 TOOLS_TTL = 30.0
@@ -443,12 +447,15 @@ class GatewayTools:
         agent: str | None = None,
         timeout: float = 15.0,
         client_factory: Callable[[str], GatewayClient] | None = None,
+        resource: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.agent = agent
+        self.resource = resource
+        headers = {RESOURCE_HEADER: resource} if resource else None
         self._factory = client_factory or (
-            lambda token: GatewayClient(self.base_url, token, timeout=timeout)
+            lambda token: GatewayClient(self.base_url, token, timeout=timeout, headers=headers)
         )
         self._clients: dict[str, GatewayClient] = {}
         self._tools: dict[str, tuple[float, list[types.Tool], dict[str, EffectType]]] = {}
@@ -480,12 +487,16 @@ class GatewayTools:
                 self._clients[token] = self._factory(token)
             return self._clients[token]
 
-    def catalogue(self, token: str | None = None) -> tuple[list[types.Tool], dict]:
+    def catalogue(
+        self, token: str | None = None, *, fresh: bool = False
+    ) -> tuple[list[types.Tool], dict]:
         """The token's tools: the effect types its grants allow, plus the read tools.
+        ``fresh`` asks the gateway even when the list is cached (the HTTP transport's token
+        check: a revoked token is refused at its next request).
         Raises GatewayError (e.g. AuthenticationFailed for a bad token)."""
         token = token or self._token()
         cached = self._tools.get(token)
-        if cached and cached[0] > time.monotonic():
+        if cached and cached[0] > time.monotonic() and not fresh:
             return cached[1], cached[2]
         effect_types = self.client(token).effect_types(permitted=True)
         by_tool = {tool_name(t.type): t for t in effect_types}
@@ -636,6 +647,7 @@ def build_server(tools: GatewayTools) -> Server:
 
 
 __all__ = [
+    "RESOURCE_HEADER",
     "SERVER_NAME",
     "GatewayTools",
     "additive",
