@@ -3,7 +3,18 @@ and sagas under the ``console:`` namespace."""
 
 from django.urls import URLPattern, path
 
-from gateway.console import approvals, auth, bulk, controls, effects, search, triage
+from gateway.console import (
+    approvals,
+    audit_list,
+    auth,
+    bulk,
+    controls,
+    effects,
+    exports,
+    saved,
+    search,
+    triage,
+)
 
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
@@ -34,4 +45,11 @@ urlpatterns: list[URLPattern] = [
     ),
     path("controls/tokens/<int:token_id>/revoke", controls.token_revoke, name="token-revoke"),
     path("controls/tokens/<int:token_id>/rotate", controls.token_rotate, name="token-rotate"),
+    # The tenant's audit list, exports of the lists, saved views of the filters.
+    path("audit", audit_list.audit, name="audit"),
+    path("export/<slug:name>.<slug:fmt>", exports.export, name="export"),
+    path("saved-views", saved.saved_view_save, name="saved-view-save"),
+    path(
+        "saved-views/<int:view_id>/<slug:verb>", saved.saved_view_change, name="saved-view-change"
+    ),
 ]
