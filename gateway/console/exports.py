@@ -12,7 +12,8 @@ cursor (``after``) is ignored: an export is the whole filtered list, in the page
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 from django.http import HttpResponse
 from django.utils import timezone
@@ -90,7 +91,7 @@ def triage_rows(request: ConsoleRequest) -> Iterator[dict[str, Any]]:
     query = (
         triage_keyset(
             apply_triage_filters(queue, filters, now),
-            TriageFilters(**{**filters.__dict__, "after": ""}),
+            replace(filters, after=""),
         )
         .select_related("command")
         .only(*_TRIAGE_FIELDS)
@@ -122,7 +123,7 @@ def triage_group_rows(request: ConsoleRequest) -> Iterator[dict[str, Any]]:
     now = timezone.now()
     filters = TriageFilters.parse(request.GET)
     queue = effects_for_triage(principal=request.principal, now=now)
-    wide = TriageFilters(**{**filters.__dict__, "provider": "", "type": "", "cause": ""})
+    wide = replace(filters, provider="", type="", cause="")
     groups = triage_groups(apply_triage_filters(queue, wide, now))
     return (
         {
@@ -161,9 +162,8 @@ def search_rows(request: ConsoleRequest) -> Iterable[dict[str, Any]]:
 
 def audit_rows(request: ConsoleRequest) -> Iterator[dict[str, Any]]:
     filters = AuditFilters.parse(request.GET)
-    query = audit_events(
-        principal=request.principal, filters=AuditFilters(**{**filters.__dict__, "after": ""})
-    ).defer("txid")
+    query = audit_events(principal=request.principal, filters=replace(filters, after=""))
+    query = query.defer("txid")
     return (audit_row(event) for event in query.iterator(chunk_size=EXPORT_CHUNK))
 
 
@@ -186,4 +186,6 @@ def export(request: ConsoleRequest, name: str, fmt: str) -> HttpResponse:
     rows = spec.rows(request)
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     filename = f"{request.principal.tenant.slug}-{name}-{stamp}"
-    return export_response(fmt=fmt, filename=filename, columns=spec.columns, rows=rows)
+    response = export_response(fmt=fmt, filename=filename, columns=spec.columns, rows=rows)
+    # console_view's frame (Vary, no-store) applies to any response; it is typed for pages.
+    return cast(HttpResponse, response)

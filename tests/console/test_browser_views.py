@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import re
+from pathlib import Path
 
 from gateway import services
 from gateway.models import SavedView
@@ -101,7 +102,7 @@ def test_export_the_filtered_queue(browser, live_server, oscar, bot, viewport): 
     with page.expect_download() as download:
         page.locator("a[data-export][href^='/export/triage.csv']").click()
     assert download.value.suggested_filename.startswith("acme-triage-")
-    rows = list(csv.DictReader(io.StringIO(open(download.value.path()).read())))
+    rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
     assert sorted(row["effect_id"] for row in rows) == sorted(e.pk for e in refunds)
     page.context.close()
 
@@ -125,12 +126,18 @@ def test_audit_list_filter_and_export(browser, live_server, oscar, bot, viewport
     open_export(page)
     with page.expect_download() as download:
         page.locator("a[data-export][href^='/export/audit.jsonl']").click()
-    lines = [json.loads(line) for line in open(download.value.path()).read().splitlines()]
+    lines = [json.loads(line) for line in Path(download.value.path()).read_text().splitlines()]
     assert [(line["action"], line["effect_id"]) for line in lines] == [("frozen", first.pk)]
     page.context.close()
 
 
-def test_audit_list_in_both_themes_and_both_system_schemes(browser, live_server, oscar, bot, viewport):  # noqa: F811
+def test_audit_list_in_both_themes_and_both_system_schemes(
+    browser,  # noqa: F811
+    live_server,
+    oscar,
+    bot,
+    viewport,  # noqa: F811
+):
     effect = submit(bot.principal, REFUND)
     services.effect_set_frozen(effect=effect, principal=oscar.principal, frozen=True, reason="x")
     for scheme in ("dark", "light"):
@@ -145,7 +152,12 @@ def test_audit_list_in_both_themes_and_both_system_schemes(browser, live_server,
         page.context.close()
 
 
-def test_theme_toggle_is_kept_and_applied_before_the_first_paint(browser, live_server, oscar, viewport):  # noqa: F811
+def test_theme_toggle_is_kept_and_applied_before_the_first_paint(
+    browser,  # noqa: F811
+    live_server,
+    oscar,
+    viewport,  # noqa: F811
+):
     page = open_page(browser, live_server, "oscar@acme", viewport, scheme="dark")
     page.add_init_script(FIRST_PAINT)
     assert background(page) == DARK_BG

@@ -30,7 +30,9 @@ def rita(db):
 def test_saving_keeps_the_filters_the_page_understands_and_applies_them(oscar, bot):
     unknown = set_state(submit(bot.principal, REFUND), status="UNKNOWN")
     response = save(
-        oscar, "  refunds   unknown ", "status=UNKNOWN&type=billing.refund.create&after=eff_x&bogus=1"
+        oscar,
+        "  refunds   unknown ",
+        "status=UNKNOWN&type=billing.refund.create&after=eff_x&bogus=1",
     )
     assert response.status_code == 302
     view = SavedView.objects.get(owner=oscar.principal)
@@ -66,15 +68,21 @@ def test_a_shared_view_is_changed_only_by_its_owner_or_an_admin(oscar, rita, roo
     refused = rita.client.post(f"/saved-views/{view.pk}/delete", {"page": "triage"})
     assert refused.status_code == 302
     assert SavedView.objects.filter(pk=view.pk).exists()
-    rita.client.post(f"/saved-views/{view.pk}/update", {"page": "triage", "query": "status=UNKNOWN"})
+    rita.client.post(
+        f"/saved-views/{view.pk}/update", {"page": "triage", "query": "status=UNKNOWN"}
+    )
     assert SavedView.objects.get(pk=view.pk).query == "cause=mismatch"
     # No Update or Delete button for her either.
     html = rita.client.get("/").content.decode()
     assert f"/saved-views/{view.pk}/delete" not in html
     # Another tenant's admin-free operator: the view does not exist.
-    assert olga.htmx("post", f"/saved-views/{view.pk}/delete", {"page": "triage"}).status_code == 404
+    assert (
+        olga.htmx("post", f"/saved-views/{view.pk}/delete", {"page": "triage"}).status_code == 404
+    )
     # The owner updates it; an admin of the tenant deletes it.
-    oscar.client.post(f"/saved-views/{view.pk}/update", {"page": "triage", "query": "status=UNKNOWN"})
+    oscar.client.post(
+        f"/saved-views/{view.pk}/update", {"page": "triage", "query": "status=UNKNOWN"}
+    )
     assert SavedView.objects.get(pk=view.pk).query == "status=UNKNOWN"
     assert f"/saved-views/{view.pk}/delete" in root.client.get("/").content.decode()
     root.client.post(f"/saved-views/{view.pk}/delete", {"page": "triage"})
@@ -84,7 +92,9 @@ def test_a_shared_view_is_changed_only_by_its_owner_or_an_admin(oscar, rita, roo
 def test_an_admin_cannot_touch_someone_elses_private_view(oscar, root):
     save(oscar, "private one", "status=UNKNOWN")
     view = SavedView.objects.get()
-    assert root.htmx("post", f"/saved-views/{view.pk}/delete", {"page": "triage"}).status_code == 404
+    assert (
+        root.htmx("post", f"/saved-views/{view.pk}/delete", {"page": "triage"}).status_code == 404
+    )
     assert SavedView.objects.filter(pk=view.pk).exists()
 
 

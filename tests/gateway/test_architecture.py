@@ -14,8 +14,8 @@ from gateway.agent_hooks import console as agent_hooks_console
 from gateway.console import extensions
 from gateway.webhooks.apps import announce_creation, announce_transition, record_waiter
 from reconciliation import job_views
-from reconciliation.exports import CASES_EXPORT
 from reconciliation import views as reconciliation_views
+from reconciliation.exports import CASES_EXPORT
 from sagas import listeners
 from sagas import views as sagas_views
 
