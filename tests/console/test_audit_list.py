@@ -29,7 +29,7 @@ def test_lists_who_did_what_newest_first(oscar, bot):
     )
     assert event_ids(html) == expected
     assert "operator:oscar" in html and "frozen" in html and "hold" in html
-    assert f'href="/effects/{effect.pk}"' in html
+    assert f'href="/effects/{effect.pk}"' in html and "billing.refund.create" in html
     assert 'aria-current="page">Audit' in html
 
 

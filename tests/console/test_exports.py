@@ -109,6 +109,7 @@ def test_audit_export_has_the_role_check_of_its_page(oscar, bot, alice):
     stored = EffectEvent.objects.filter(effect_id=effect.pk).order_by("-pk")
     assert [e["event_id"] for e in events] == [e.pk for e in stored]
     assert events[0]["actor"] == stored[0].actor
+    assert {e["effect_type"] for e in events} == {"billing.refund.create"}
     assert alice.client.get("/export/audit.csv").status_code == 200
     # An agent reads its own effects' events on their pages, not the tenant's list.
     refused = bot.client.get("/export/audit.csv")
