@@ -149,3 +149,11 @@ class EffectClass(models.TextChoices):
     IDEMPOTENT_WRITE = "idempotent_write"
     EXTERNAL_WRITE = "external_write"
     FINANCIAL_WRITE = "financial_write"
+
+
+class SavedViewPage(models.TextChoices):
+    """The console pages whose filters can be saved under a name (gateway.saved_views)."""
+
+    TRIAGE = "triage"
+    SEARCH = "search"
+    AUDIT = "audit"

@@ -25,6 +25,7 @@ from gateway.choices import (
     EffectStatus,
     Outcome,
     Role,
+    SavedViewPage,
 )
 from gateway.lib.ids import new_id
 
@@ -662,3 +663,33 @@ class ProviderCredential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider} {self.fingerprint} ({self.state})"
+
+
+class SavedView(models.Model):
+    """A named query string of a console page (triage, search, audit), kept by its owner and,
+    when shared, listed for every console user of the tenant (gateway.saved_views)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    owner = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="saved_views")
+    page = models.CharField(max_length=16, choices=SavedViewPage.choices)
+    name = models.CharField(max_length=80)
+    # The page's filters as its own parser keeps them (never the page cursor).
+    query = models.CharField(max_length=2000, blank=True)
+    shared = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "page", "name"], name="saved_view_name"),
+            models.CheckConstraint(
+                condition=Q(page__in=SavedViewPage.values), name="saved_view_page_valid"
+            ),
+        ]
+        indexes = [
+            # The list of a page: the tenant's shared views and the caller's own.
+            models.Index(fields=["tenant", "page"], name="saved_view_page"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.page} view {self.name!r} of {self.owner_id}"

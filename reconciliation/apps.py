@@ -31,3 +31,7 @@ class ReconciliationConfig(AppConfig):
             extensions.add_bulk_action(name, bulk_action)
         # The bulk jobs those actions started, above the queue.
         extensions.add_triage_panel(job_views.jobs_panel)
+        # The human queue as a download (CSV, JSON Lines).
+        from reconciliation.exports import CASES_EXPORT
+
+        extensions.add_export("cases", CASES_EXPORT)

@@ -11,12 +11,13 @@ An explicit registry (``grep effect_panels`` finds every contributor), filled on
 - ``triage_includes`` / ``triage_excludes``: what else needs a human (an effect with an open
   case) and what no longer does (a failed compensation fixed by hand), as ``Q`` on Effect;
 - ``triage_holders``: who is on each effect of a triage page (one query);
-- ``bulk_actions``: actions on a group of the triage queue served by another app.
+- ``bulk_actions``: actions on a group of the triage queue served by another app;
+- ``exports``: lists of another app's pages that ``/export/<name>.<csv|jsonl>`` streams.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,17 @@ class BulkAction:
     answer: Callable[[ConsoleRequest], str] | None = None
 
 
+@dataclass(frozen=True)
+class Export:
+    """A list the console exports (gateway.console.exports): its columns, and
+    ``rows(request)``, which applies the page's own filters, tenant scope and role check when
+    it is called (before the response starts) and returns the rows as an iterator that reads
+    from a server-side cursor (``QuerySet.iterator(chunk_size=…)``)."""
+
+    columns: tuple[str, ...]
+    rows: Callable[[ConsoleRequest], Iterable[dict[str, Any]]]
+
+
 EffectPanel = Callable[["Principal", "Effect"], Panel]
 TriagePanel = Callable[["Principal"], Panel]
 
@@ -82,6 +94,7 @@ bulk_actions: dict[str, BulkAction] = {}
 dispatch_blockers: list[Callable[[Principal, list[Any]], dict[str, str]]] = []
 # What another app finds for the console's search box: (principal, q) -> hits.
 search_hits: list[Callable[[Principal, str], list[Any]]] = []
+exports: dict[str, Export] = {}
 
 
 def add_effect_panel(panel: EffectPanel) -> None:
@@ -124,3 +137,7 @@ def add_search(find: Callable[[Principal, str], list[Any]]) -> None:
 def add_dispatch_blocker(blocker: Callable[[Principal, list[Any]], dict[str, str]]) -> None:
     if blocker not in dispatch_blockers:
         dispatch_blockers.append(blocker)
+
+
+def add_export(name: str, export: Export) -> None:
+    exports[name] = export

@@ -5,12 +5,15 @@ from django.urls import URLPattern, path
 
 from gateway.console import (
     approvals,
+    audit_list,
     auth,
     bulk,
     controls,
     effects,
+    exports,
     oauth,
     provider_credentials,
+    saved,
     search,
     triage,
 )
@@ -68,4 +71,11 @@ urlpatterns: list[URLPattern] = [
     # Remote MCP clients connected through OAuth (admins).
     path("mcp-clients", oauth.clients, name="oauth-clients"),
     path("mcp-clients/<int:connection_id>/revoke", oauth.client_revoke, name="oauth-client-revoke"),
+    # The tenant's audit list, exports of the lists, saved views of the filters.
+    path("audit", audit_list.audit, name="audit"),
+    path("export/<slug:name>.<slug:fmt>", exports.export, name="export"),
+    path("saved-views", saved.saved_view_save, name="saved-view-save"),
+    path(
+        "saved-views/<int:view_id>/<slug:verb>", saved.saved_view_change, name="saved-view-change"
+    ),
 ]

@@ -15,6 +15,7 @@ from gateway.console import extensions
 from gateway.webhooks.apps import announce_creation, announce_transition, record_waiter
 from reconciliation import job_views
 from reconciliation import views as reconciliation_views
+from reconciliation.exports import CASES_EXPORT
 from sagas import listeners
 from sagas import views as sagas_views
 
@@ -58,6 +59,7 @@ def test_the_console_extensions_are_filled_after_django_setup():
     }
     assert set(extensions.bulk_actions) == {"reconcile", "rearm", "take"}
     assert extensions.search_hits == [sagas_views.search_hits]
+    assert extensions.exports == {"cases": CASES_EXPORT}
 
 
 def test_registering_a_listener_twice_keeps_one():
