@@ -449,37 +449,9 @@ class SandboxProvider:
             op_type = op["type"] if op is not None else None
             faults = self._matching_faults(provider, op_type, lookup=True)
             applied: list[str] = []
-            if "lookup_unreachable" in faults:
-                self._consume(faults["lookup_unreachable"], applied)
-                self._append_log(
-                    provider,
-                    "fault",
-                    key=key,
-                    op_id=op["id"] if op is not None else operation_id,
-                    type=op_type,
-                    faults=applied,
-                    status=None,
-                )
-                self._persist()
-                return Reply(0, None, drop=True)
-            if "lookup_unavailable" in faults:
-                params = self._consume(faults["lookup_unavailable"], applied)
-                self._append_log(
-                    provider,
-                    "fault",
-                    key=key,
-                    op_id=op["id"] if op is not None else operation_id,
-                    type=op_type,
-                    faults=applied,
-                    status=int(params["status"]),
-                )
-                self._persist()
-                retry = params["retry_after"]
-                return Reply(
-                    int(params["status"]),
-                    {"error": "unavailable"},
-                    headers={"Retry-After": str(retry)} if retry is not None else {},
-                )
+            op_ref = op["id"] if op is not None else operation_id
+            if refused := self._lookup_refused(provider, key, op_ref, op_type, faults, applied):
+                return refused
             if "key_expired" in faults and not operation_id:
                 # Past its key retention a provider forgets the key, not the operation.
                 self._consume(faults["key_expired"], applied)
@@ -515,6 +487,36 @@ class SandboxProvider:
             return Reply(200, _public(op))
 
     # -- internals (call with the lock held) ---------------------------------------------
+
+    def _lookup_refused(
+        self,
+        provider: str,
+        key: str | None,
+        op_id: str | None,
+        op_type: str | None,
+        faults: dict[str, dict[str, Any]],
+        applied: list[str],
+    ) -> Reply | None:
+        """The faults that leave a lookup unanswered: the connection dropped
+        (``lookup_unreachable``) or a 5xx (``lookup_unavailable``)."""
+        if "lookup_unreachable" in faults:
+            self._consume(faults["lookup_unreachable"], applied)
+            self._append_log(
+                provider, "fault", key=key, op_id=op_id, type=op_type, faults=applied, status=None
+            )
+            self._persist()
+            return Reply(0, None, drop=True)
+        if "lookup_unavailable" in faults:
+            params = self._consume(faults["lookup_unavailable"], applied)
+            status = int(params["status"])
+            self._append_log(
+                provider, "fault", key=key, op_id=op_id, type=op_type, faults=applied, status=status
+            )
+            self._persist()
+            retry = params["retry_after"]
+            headers = {"Retry-After": str(retry)} if retry is not None else {}
+            return Reply(status, {"error": "unavailable"}, headers=headers)
+        return None
 
     def _before_commit(
         self, provider: str, key: str, type_: str, faults: dict[str, dict[str, Any]]
