@@ -31,15 +31,19 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 from django.core.management import call_command
 from django.db import connection
+from rest_framework.test import APIClient
 
 from gateway.celery import app as celery_app
 from gateway.embedded import pytest_plugin
@@ -56,6 +60,7 @@ SEED = int(os.environ.get("EG_CAMPAIGN_SEED") or random.randrange(1_000_000))
 # How many times each kind strikes: several, more on a larger run.
 TIMES = int(os.environ.get("EG_CAMPAIGN_TIMES") or max(3, EFFECTS // 2500))
 LOOKUP_OUTAGE = float(os.environ.get("EG_CAMPAIGN_LOOKUP_OUTAGE", "60"))
+SUBMITTERS = int(os.environ.get("EG_CAMPAIGN_SUBMITTERS", "4"))  # agents submitting at once
 SETTLE_TIMEOUT = float(os.environ.get("EG_CAMPAIGN_SETTLE_TIMEOUT", "900"))
 LOOKUPS_503 = f"lookups 503 for {LOOKUP_OUTAGE:g} s"
 FAILPOINTS = ("dispatch.after_claim", "dispatch.after_call", "dispatch.after_record")
@@ -112,6 +117,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass
+class Life:
+    """One life of a worker: its process and the failpoints armed in it."""
+
+    worker: Celery
+    spec: str
+    folder: Path
+
+
 class Campaign:
     """The run's moving parts: the seeded schedule, the supervised worker and beat, the
     processes that join and leave, the servers it stops and starts, and the tally."""
@@ -124,16 +138,17 @@ class Campaign:
         self.events: list[str] = []
         self.effect_ids: list[str] = []
         self.refused: Counter[int] = Counter()  # submissions answered neither 200 nor 201
+        self.lock = threading.Lock()
+        self.failed = threading.Event()  # a submitter failed: the others stop
         self.pending: list[tuple[float, str, Callable[[], None]]] = []
         self.redis_down = False
         self.unexpected_exits = 0
         self.failpoint_left = dict.fromkeys(FAILPOINTS, TIMES)
-        self.incarnation = 0
         self.beat = self._beat("beat")
-        # Two workers for the whole run, as a deployment has several: the faults strike the
-        # first (its failpoints, the SIGKILLs), so the run does not stall while it restarts.
-        self.worker, self.armed = self._worker()
-        self.steady = self._steady()
+        # Two workers for the whole run, as a deployment has several: while one restarts after
+        # a kill (40-60 s under a load of 15), the other carries the load.
+        self.lives = 0
+        self.workers = [self._worker(slot) for slot in range(2)]
         self.second_beat: Celery | None = None
         self.second_worker: Celery | None = None
         self.web: WebNode | None = None
@@ -149,9 +164,9 @@ class Campaign:
     def _beat(self, name: str) -> Celery:
         return Celery("beat", self.queue, self.logs / f"{name}.log", **crash.RECOVERY_ENV)
 
-    def _worker(self) -> tuple[Celery, str]:
-        """A worker with each failpoint that has kills left armed at a random reach."""
-        self.incarnation += 1
+    def _worker(self, slot: int) -> Life:
+        """Worker ``slot``, each failpoint that has kills left armed at a random reach."""
+        self.lives += 1
         # A drainer reaches each point once per batch it claims: a few kills per point over
         # the run, at a random reach of each worker's life.
         span = max(3, EFFECTS // (10 * TIMES))
@@ -160,48 +175,36 @@ class Campaign:
             for name, left in self.failpoint_left.items()
             if left > 0
         )
-        folder = self.logs / "failpoints" / str(self.incarnation)
+        folder = self.logs / "failpoints" / str(self.lives)
         env = {
             **crash.RECOVERY_ENV,
             "GATEWAY_FAILPOINTS": spec,
             "GATEWAY_FAILPOINT_DIR": str(folder),
         }
-        worker = Celery("worker", self.queue, self.logs / "worker.log", pool="solo", **env)
-        return worker, spec
+        log = self.logs / f"worker{slot}.log"
+        return Life(Celery("worker", self.queue, log, pool="solo", **env), spec, folder)
 
-    def _steady(self) -> Celery:
-        log = self.logs / "worker-steady.log"
-        return Celery("worker", self.queue, log, pool="solo", **crash.RECOVERY_ENV)
-
-    def _failpoint_kills(self) -> list[str]:
-        folder = self.logs / "failpoints" / str(self.incarnation)
-        fired = []
-        for name, (_, skip) in parse_failpoints(self.armed).items():
-            tally = folder / name
-            if tally.exists() and tally.stat().st_size > skip:
-                fired.append(name)
-        return fired
-
-    def _replace_worker(self, *, killed_by_us: bool) -> None:
-        fired = self._failpoint_kills()
+    def _replace_worker(self, slot: int, *, killed_by_us: bool) -> None:
+        life = self.workers[slot]
+        fired = [
+            name
+            for name, (_, skip) in parse_failpoints(life.spec).items()
+            if (life.folder / name).exists() and (life.folder / name).stat().st_size > skip
+        ]
         for name in fired:
             self.failpoint_left[name] -= 1
             self.tally[f"worker SIGKILL at {name}"] += 1
         if not fired and not killed_by_us:
             self.unexpected_exits += 1
-            self.events.append(f"the worker died by itself ({self.worker.process.returncode})")
-        self.worker.handle.close()
-        self.worker, self.armed = self._worker()
+            self.events.append(f"worker {slot} died by itself ({life.worker.process.returncode})")
+        life.worker.handle.close()
+        self.workers[slot] = self._worker(slot)
 
     def tick(self) -> None:
         """Restart what died, and run the restorations that are due."""
-        if self.worker.process.poll() is not None:
-            self._replace_worker(killed_by_us=False)
-        if self.steady.process.poll() is not None:
-            self.unexpected_exits += 1
-            self.events.append(f"the steady worker died ({self.steady.process.returncode})")
-            self.steady.handle.close()
-            self.steady = self._steady()
+        for slot, life in enumerate(self.workers):
+            if life.worker.process.poll() is not None:
+                self._replace_worker(slot, killed_by_us=False)
         if self.beat.process.poll() is not None and not any(
             what == "beat back" for _, what, _ in self.pending
         ):
@@ -219,8 +222,8 @@ class Campaign:
         self.pending.append((time.monotonic() + seconds, what, action))
 
     def stop(self) -> None:
-        others = (self.second_worker, self.second_beat)
-        for process in (self.worker, self.steady, self.beat, *others):
+        workers = [life.worker for life in self.workers]
+        for process in (*workers, self.beat, self.second_worker, self.second_beat):
             if process is not None:
                 process.stop()
         if self.web is not None:
@@ -239,8 +242,9 @@ class Campaign:
                 "lookup_unavailable", times=None, seconds=LOOKUP_OUTAGE, retry_after=5
             )
         elif kind == "worker SIGKILL":
-            self.worker.kill()
-            self._replace_worker(killed_by_us=True)
+            slot = self.rng.randrange(len(self.workers))
+            self.workers[slot].worker.kill()
+            self._replace_worker(slot, killed_by_us=True)
         elif kind == "beat SIGKILL":
             if any(what == "beat back" for _, what, _ in self.pending):
                 return False
@@ -331,59 +335,83 @@ class Campaign:
 
     # -- the load ----------------------------------------------------------------------------
 
-    def submit(self, index: int) -> None:
+    def _submitter(self, number: int, indexes: Iterator[int]) -> None:
+        """One of SUBMITTERS threads, each an agent's client: the next index until none is
+        left. The first sends every other command through the second web node while it is
+        up."""
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.agent.token}")
+        try:
+            for index in indexes:
+                if self.failed.is_set():
+                    return
+                self.submit(index, client, web=number == 0)
+        except BaseException:
+            self.failed.set()
+            raise
+        finally:
+            connection.close()
+
+    def submit(self, index: int, client: APIClient, *, web: bool) -> None:
         """One command, retried with the same key until it is answered 201 or 200."""
         key = f"campaign-{SEED}-{index}"
         body = {
             "type": "ticket.create",
             "resource": {"type": "queue", "id": "campaign"},
-            "payload": {"title": f"campaign {index}", "priority": self.rng.choice(["P2", "P3"])},
+            "payload": {"title": f"campaign {index}", "priority": ("P2", "P3")[index % 2]},
         }
-        for _ in range(1200):
-            status, answer = self._post(index, key, body)
+        for _ in range(2400):
+            status, answer = self._post(client, key, body, web=web and index % 2 == 1)
             if status in (200, 201):
                 self.effect_ids.append(answer["effect_id"])
                 return
             assert status == 0 or status >= 500, (index, status, answer)
-            self.refused[status] += 1
-            self.tick()
+            with self.lock:
+                self.refused[status] += 1
             time.sleep(0.25)
         raise AssertionError(f"submission {index} never accepted (seed {SEED}): {self.refused}")
 
-    def _post(self, index: int, key: str, body: dict) -> tuple[int, dict]:
-        if self.web is not None and self.web_ready and index % 2:
-            status, raw = self.web.submit(self.agent.token, key, json.dumps(body).encode())
+    def _post(self, client: APIClient, key: str, body: dict, *, web: bool) -> tuple[int, dict]:
+        node = self.web
+        if web and node is not None and self.web_ready:
+            status, raw = node.submit(self.agent.token, key, json.dumps(body).encode())
             if status in (200, 201):
-                self.tally["submitted through the second web node"] += 1
+                with self.lock:
+                    self.tally["submitted through the second web node"] += 1
             return status, json.loads(raw) if status in (200, 201) else {}
         try:
-            response = self.agent.submit(body, key)
+            response = client.post(
+                "/api/v1/commands", body, format="json", HTTP_IDEMPOTENCY_KEY=key
+            )
         except Exception as error:  # the database went away under this request
             connection.close()
             return 0, {"error": repr(error)}
         return response.status_code, response.json() if response.status_code < 500 else {}
 
     def run(self) -> None:
-        """Submit every command, striking each scheduled fault at its index; then wait until
-        every effect settled or is with a human."""
+        """Submit every command from SUBMITTERS threads while this thread strikes each
+        scheduled fault once that many commands are accepted; then wait until every effect
+        settled or is with a human."""
         schedule = list(self.schedule)
-        for index in range(EFFECTS):
-            self.tick()
-            while schedule and schedule[0][0] <= index:
-                at, kind = schedule.pop(0)
-                if not self.strike(kind, index):
-                    # Still under way (the same kind): a little later, or after the last one.
-                    later = index + self.rng.randint(5, max(6, EFFECTS // 50))
-                    schedule.append((min(later, EFFECTS), kind))
-                    schedule.sort()
-            self.submit(index)
-        while schedule:  # what could not strike by the last submission strikes now
-            self.tick()
-            at, kind = schedule[0]
-            if self.strike(kind, at):
-                schedule.pop(0)
-            else:
-                time.sleep(1)
+        indexes = iter(range(EFFECTS))  # shared: next() on a range iterator is atomic
+        with ThreadPoolExecutor(SUBMITTERS) as pool:
+            submitters = [pool.submit(self._submitter, n, indexes) for n in range(SUBMITTERS)]
+            while not all(future.done() for future in submitters) or schedule:
+                self.tick()
+                accepted = len(self.effect_ids)
+                done = all(future.done() for future in submitters)
+                while schedule and (schedule[0][0] <= accepted or done):
+                    _, kind = schedule.pop(0)
+                    if not self.strike(kind, accepted):
+                        # Still under way (the same kind): a little later.
+                        later = accepted + self.rng.randint(5, max(6, EFFECTS // 50))
+                        schedule.append((later, kind))
+                        schedule.sort()
+                        if done:
+                            break
+                time.sleep(0.1 if not done else 1)
+            for future in submitters:
+                future.result()  # a submitter's failure fails the run
         self.events.append(f"{EFFECTS} accepted after {time.monotonic() - self.started:.0f}s")
         self.settle()
 
@@ -404,7 +432,7 @@ class Campaign:
 def test_fault_campaign(servers, sandbox, agent, queue, tmp_path, capsys):
     campaign = Campaign(servers, sandbox, agent, queue, tmp_path)
     try:
-        for worker in (campaign.worker, campaign.steady):
+        for worker in [life.worker for life in campaign.workers]:
             wait_for(lambda worker=worker: " ready." in worker.output(), timeout=180)
         campaign.run()
     finally:

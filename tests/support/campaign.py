@@ -100,6 +100,7 @@ class Verdict:
     disagreeing: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     human: list[str] = field(default_factory=list)
+    escalated_settled: list[str] = field(default_factory=list)
     blind: list[str] = field(default_factory=list)
     resends: int = 0
     unknown_to_settled: list[float] = field(default_factory=list)
@@ -109,7 +110,9 @@ class Verdict:
         return [
             f"effects accepted: {self.effects}",
             f"final statuses: {dict(sorted(self.statuses.items()))}",
-            f"with a human (escalated, mismatch or an open case): {len(self.human)}",
+            f"with a human, not settled (escalated, mismatch or an open case): "
+            f"{len(self.human)}; escalated on the way and settled since: "
+            f"{len(self.escalated_settled)}",
             f"duplicates (keys executed more than once): {len(self.duplicates)}",
             f"lost (accepted, neither executed nor terminal): {len(self.lost)}",
             f"ledger and provider disagree: {len(self.disagreeing)}",
@@ -144,7 +147,10 @@ def judge(effect_ids: list[str], sandbox: SandboxProvider) -> Verdict:
             succeeded and effect.status in NEVER_HAPPENED
         ):
             verdict.disagreeing.append(effect.pk)
-        if effect.escalated or effect.mismatch or effect.pk in cased:
+        flagged = effect.escalated or effect.mismatch or effect.pk in cased
+        if flagged and effect.status in SETTLED:
+            verdict.escalated_settled.append(effect.pk)
+        elif flagged:
             verdict.human.append(effect.pk)
         elif effect.status not in SETTLED:
             verdict.stuck.append(effect.pk)
