@@ -667,6 +667,16 @@ def test_error_after_commit_commits_and_answers_a_5xx(client, sandbox):
     assert len(sandbox.operations()) == 1
 
 
+def test_a_slow_rule_lasts_until_its_times_run_out(client, sandbox):
+    """``seconds`` of ``slow`` is how slow, not how long the rule lasts."""
+    sandbox.add_fault("slow", times=1, seconds=0.2)
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert post(client, "refund-1").status_code == 201
+    assert time.monotonic() - started >= 0.2
+    assert sandbox.log()[0]["fault"] == "slow"
+
+
 def test_throttle_is_429_with_retry_after_and_commits_nothing(client, sandbox):
     sandbox.add_fault("throttle", retry_after=2)
 
@@ -682,7 +692,7 @@ def test_lookup_unavailable_answers_503_until_its_window_lapses(client, control,
     post(client, "refund-1")
     control.post(
         "/_faults",
-        json={"fault": "lookup_unavailable", "times": None, "seconds": 0.5, "retry_after": 1},
+        json={"fault": "lookup_unavailable", "times": None, "window": 0.5, "retry_after": 1},
     )
 
     for _ in range(2):

@@ -182,7 +182,7 @@ class Campaign:
             "GATEWAY_FAILPOINT_DIR": str(folder),
         }
         log = self.logs / f"worker{slot}.log"
-        return Life(Celery("worker", self.queue, log, pool="solo", **env), spec, folder)
+        return Life(Celery("worker", self.queue, log, pool="threads", **env), spec, folder)
 
     def _replace_worker(self, slot: int, *, killed_by_us: bool) -> None:
         life = self.workers[slot]
@@ -239,7 +239,7 @@ class Campaign:
             self.sandbox.add_fault(fault, times=self.rng.randint(2, 6), **params)
         elif kind == LOOKUPS_503:
             self.sandbox.add_fault(
-                "lookup_unavailable", times=None, seconds=LOOKUP_OUTAGE, retry_after=5
+                "lookup_unavailable", times=None, window=LOOKUP_OUTAGE, retry_after=5
             )
         elif kind == "worker SIGKILL":
             slot = self.rng.randrange(len(self.workers))
@@ -309,7 +309,11 @@ class Campaign:
             if self.second_worker is not None:
                 return False
             self.second_worker = Celery(
-                "worker", self.queue, self.logs / "worker2.log", pool="solo", **crash.RECOVERY_ENV
+                "worker",
+                self.queue,
+                self.logs / "worker2.log",
+                pool="threads",
+                **crash.RECOVERY_ENV,
             )
         else:
             if self.web is not None:
@@ -451,6 +455,7 @@ def test_fault_campaign(servers, sandbox, agent, queue, tmp_path, capsys):
         f"{dict(campaign.refused)}",
         "faults made: " + ", ".join(f"{k} {v}" for k, v in sorted(campaign.tally.items())),
         "sandbox faults applied: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())),
+        f"sandbox rules left: {[(rule['fault'], rule['times']) for rule in sandbox.faults()]}",
         f"worker deaths not caused by the run: {campaign.unexpected_exits}",
         f"verify_audit: {audit.getvalue().strip().splitlines()[-1]}",
         "timeline: " + "; ".join(campaign.events),

@@ -42,8 +42,8 @@ Fault semantics, decided here where the contract is silent:
   ``fail_before_commit``; ``error_after_commit`` commits a new operation and answers a 5xx
   instead of it.
 - ``lookup_unavailable`` answers lookups with a 5xx (``status``, 503 by default, with
-  ``Retry-After`` when ``retry_after`` is set); with ``seconds`` it lapses that long after it
-  was added (``times`` null: every lookup meanwhile).
+  ``Retry-After`` when ``retry_after`` is set); with ``window`` (seconds) it lapses that long
+  after it was added (``times`` null: every lookup meanwhile).
 - ``key_expired`` applies to lookups by key only: they answer 404 as a provider does once
   its key retention has passed, while the operation is still there (by id, and in
   ``/_operations``).

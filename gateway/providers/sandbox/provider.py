@@ -33,7 +33,7 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "processing": {"lookups": 2, "then": "succeeded"},
     "digest_mismatch": {"digest": None},
     "lookup_unreachable": {},
-    "lookup_unavailable": {"status": 503, "seconds": None, "retry_after": None},
+    "lookup_unavailable": {"status": 503, "window": None, "retry_after": None},
     "key_expired": {},
     "reset_before_commit": {},
     "error_after_commit": {"status": 500},
@@ -289,10 +289,10 @@ class SandboxProvider:
                 "provider": provider,
                 "params": merged,
                 "applied": 0,
-                # A rule with ``seconds`` (lookup_unavailable) lasts that long, then lapses.
+                # A rule with a ``window`` (lookup_unavailable) lasts that long, then lapses.
                 "until": (
-                    time.monotonic() + float(merged["seconds"])
-                    if merged.get("seconds") is not None
+                    time.monotonic() + float(merged["window"])
+                    if merged.get("window") is not None
                     else None
                 ),
             }
@@ -758,7 +758,7 @@ def _check_params(fault: str, params: dict[str, Any]) -> None:
         status = params["status"]
         if isinstance(status, bool) or not isinstance(status, int) or not 500 <= status <= 599:
             raise BadRequest(f"{fault}.status must be a 5xx status code")
-        for name in ("seconds", "retry_after"):
+        for name in ("window", "retry_after"):
             if params.get(name) is not None:
                 number(name)
     elif fault == "throttle":
