@@ -102,7 +102,7 @@ test: install browser ## Lint, format, types, import boundaries, the clients, py
 pytest: install ## The pytest step of make test alone (migrations current: tests/embedded/test_checkout.py)
 	$(PYTEST_SUITE)
 
-test-slow: install ## The slow tier only: the fault run (tests/slow/), on the run's own embedded servers
+test-slow: install ## The slow tier only: the fault run and the 10,000-effect fault campaign (tests/slow/), on the run's own embedded servers
 	$(PYTEST) -m slow -n 0 tests/slow $(PYTEST_ARGS)
 
 clients-test: ## The clients' own checks: Python client beside agent frameworks (.venv-clients/), TypeScript tests

@@ -2,7 +2,8 @@
 earlier than the one the waker sleeps until.
 
 The ledger holds the due times: an UNKNOWN or IN_PROGRESS effect's ``next_check_at`` (its
-next lookup on the backoff schedule) and a DISPATCHING claim's ``lease_expires_at``. A waker
+next lookup on the backoff schedule), a DISPATCHING claim's ``lease_expires_at``, and the
+``expires_at`` of a command waiting for an approver (reconciliation.services.expiry). A waker
 (``reconciliation.waker``, threads of the worker processes) sleeps until the earliest of them,
 at most ``GATEWAY_WAKER_MAX_SLEEP`` seconds, on a list of wake-ups in the broker's Redis
 (``BLPOP``: each wake-up wakes one waker). Before it sleeps it writes its target (the time it

@@ -8,11 +8,18 @@ class ReconciliationConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from gateway import hooks
         from gateway.console import extensions
         from reconciliation import claims, job_views, views, waker  # noqa: F401  (waker: its Celery receivers)
         from reconciliation.metrics import register_collector
 
         register_collector()
+        # The waker hears of a command that starts waiting for an approver, so that it expires
+        # at its deadline (reconciliation.services.expiry).
+        from reconciliation.services import expiry
+
+        hooks.effect_created.register(expiry.announce_on_creation)
+        hooks.after_transition.register(expiry.announce_on_transition)
         # What the human queue adds to the ledger's effect page: the open case and the
         # reconciliation records, and the reconcile / resolve / take-the-case buttons.
         extensions.add_effect_panel(views.effect_panel)

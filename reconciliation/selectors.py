@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 
 from gateway.choices import TO_RECONCILE, EffectStatus
 from gateway.errors import NotFound
-from gateway.models import Effect, Principal
+from gateway.models import Command, Effect, Principal
 from reconciliation.choices import UNRESOLVED
 from reconciliation.models import Case, ReconciliationRecord
 
@@ -64,15 +64,23 @@ class DueTimes(NamedTuple):
 
     check: datetime | None  # the next lookup of an UNKNOWN / IN_PROGRESS effect
     lease: datetime | None  # the first DISPATCHING claim's lease to run out
+    # The first command waiting for an approver to expire (an approval's or a saga step's
+    # deadline: reconciliation.services.expiry).
+    expiry: datetime | None = None
 
 
-# Each minimum is the first entry of its queue's partial index (effect_reconcile_due,
-# effect_lease_due: the predicates spelled as the indexes spell them), one round trip for both.
+# The first two minimums are the first entries of their queue's partial index
+# (effect_reconcile_due, effect_lease_due: the predicates spelled as the indexes spell them);
+# the third reads the effects waiting for an approver through effect_before_dispatch (a set
+# people work down, not a backlog) joined to their commands. One round trip for the three.
 _DUE_TIMES = f"""
 SELECT (SELECT min(next_check_at) FROM {Effect._meta.db_table}
          WHERE status IN ({", ".join(f"'{status}'" for status in sorted(TO_RECONCILE))})),
        (SELECT min(lease_expires_at) FROM {Effect._meta.db_table}
-         WHERE status = '{EffectStatus.DISPATCHING}')
+         WHERE status = '{EffectStatus.DISPATCHING}'),
+       (SELECT min(c.expires_at) FROM {Effect._meta.db_table} e
+          JOIN {Command._meta.db_table} c ON c.effect_id = e.effect_id
+         WHERE e.status = '{EffectStatus.AWAITING_APPROVAL}')
 """
 
 
@@ -80,5 +88,5 @@ def effects_next_due() -> DueTimes:
     """When the reconciler and lease recovery next have work (reconciliation.waker)."""
     with connection.cursor() as cursor:
         cursor.execute(_DUE_TIMES)
-        check, lease = cursor.fetchone()
-    return DueTimes(check, lease)
+        check, lease, expiry = cursor.fetchone()
+    return DueTimes(check, lease, expiry)

@@ -1,16 +1,17 @@
-"""The waker: lease recovery and the reconciler's lookups at their deadlines, not at the next
-sweep.
+"""The waker: lease recovery, the reconciler's lookups and the expiry of commands waiting for
+an approver (an approval's deadline, a saga step's) at their deadlines, not at the next sweep.
 
 Each worker process runs ``GATEWAY_WAKERS`` waker threads, started as the drainers are (in
 the worker's process for the thread and solo pools, in each child for prefork; the signal
-receivers below). A waker reads the earliest due time of its two queues in one statement
+receivers below). A waker reads the earliest due time of its three queues in one statement
 (``selectors.effects_next_due``: the first entries of the partial indexes effect_reconcile_due
-and effect_lease_due). When one is due it acts — ``effects_recover_expired_leases`` for a
-lease, ``reconcile_next_batch`` for a lookup, which takes due rows with ``SKIP LOCKED`` — and
-reads again, until nothing is due. Then it sleeps until the earliest due time, at most
-``GATEWAY_WAKER_MAX_SLEEP`` seconds, blocked on the wake-up list of ``gateway.deadlines``: a
-writer that sets a due time earlier than the waker's target pushes a wake-up, and ``BLPOP``
-hands each wake-up to one waker.
+and effect_lease_due, and the first command waiting for an approver to expire). When one is
+due it acts — ``effects_recover_expired_leases`` for a lease, ``reconcile_next_batch`` for a
+lookup, ``effects_expire_awaiting_approval`` for an expiry, each taking due rows with
+``SKIP LOCKED`` or a compare-and-set — and reads again, until nothing is due. Then it sleeps
+until the earliest due time, at most ``GATEWAY_WAKER_MAX_SLEEP`` seconds, blocked on the
+wake-up list of ``gateway.deadlines``: a writer that sets a due time earlier than the waker's
+target pushes a wake-up, and ``BLPOP`` hands each wake-up to one waker.
 
 Why threads and not a task that re-arms itself: a task per due time would be an ETA message
 (the broker holds it in the worker's memory, unacknowledged, for as long as it waits, and a
@@ -48,6 +49,7 @@ from gateway.lib import broker
 from gateway.lib.service_threads import ServiceThreads
 from reconciliation import selectors
 from reconciliation.services import effects_recover_expired_leases, reconcile_next_batch
+from reconciliation.services.expiry import effects_expire_awaiting_approval
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +117,11 @@ def act_on_due() -> float:
         idle = effects_recover_expired_leases() == 0 and idle
     if _is_due(due.check, now):
         idle = reconcile_next_batch(limit=BATCH) == 0 and idle
+    if _is_due(due.expiry, now):
+        idle = effects_expire_awaiting_approval(limit=BATCH) == 0 and idle
     if not idle:
         return 0.0
-    if _is_due(due.lease, now) or _is_due(due.check, now):
+    if any(_is_due(at, now) for at in due):
         # Due rows, none taken: another waker holds them, and its commit moves them on.
         return random.uniform(*CONTENDED)
     cap = settings.GATEWAY_WAKER_MAX_SLEEP

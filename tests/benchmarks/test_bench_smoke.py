@@ -19,16 +19,18 @@ from tests.support.processes import child_env
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
+@pytest.mark.timeout(300)  # the passes and the fault pass, on two shared cores
 def test_the_smallest_bench_runs_and_finds_no_duplicate():
     try:
         done = subprocess.run(
             [sys.executable, "-m", "tests.benchmarks.bench", "--quick", "--concurrency", "1",
-             "--effects", "8", "--no-strict-floor", "--timeout", "60"],
+             "--effects", "8", "--no-strict-floor", "--timeout", "60",
+             "--fault-effects", "4", "--fault-leases", "2"],
             cwd=ROOT,
             env=child_env(),
             capture_output=True,
             text=True,
-            timeout=150,
+            timeout=270,
             check=False,
         )  # fmt: skip
     finally:
@@ -45,6 +47,14 @@ def test_the_smallest_bench_runs_and_finds_no_duplicate():
                      out, re.M)  # fmt: skip
     assert re.search(
         r"^round trips per effect \(in process\): submission \d+ statements", out, re.M
+    )
+    # The fault pass: every dropped answer settled by a lookup, every lease recovered, one
+    # operation per key.
+    assert re.search(r"UNKNOWN -> CONFIRMED after the first lookup would succeed \(4 effects", out)
+    assert "due times seen 4 of 4; CONFIRMED 4 of 4; provider operations 4 for 4 keys" in out
+    assert (
+        "recovered 2 of 2; CONFIRMED 2 of 2 after the lookup; provider operations 2 for 2 keys"
+        in out
     )
     assert "| target | this run | met |" in out
     assert "| growing with concurrency | one concurrency run | not measured |" in out

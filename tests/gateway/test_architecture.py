@@ -16,6 +16,7 @@ from gateway.webhooks.apps import announce_creation, announce_transition, record
 from reconciliation import job_views
 from reconciliation import views as reconciliation_views
 from reconciliation.exports import CASES_EXPORT
+from reconciliation.services import expiry
 from sagas import listeners
 from sagas import views as sagas_views
 
@@ -25,14 +26,16 @@ SHELL = {"urls", "settings", "celery", "asgi", "wsgi"}
 
 
 def test_the_ledgers_hooks_are_filled_after_django_setup():
-    # In INSTALLED_APPS order: the ledger's own listeners, then sagas, then the outbox.
+    # In INSTALLED_APPS order: the ledger's own listeners, then reconciliation's, sagas',
+    # then the outbox.
     assert list(hooks.after_transition) == [
         capabilities.capability_release_unsent,
         moves.after_transition,
+        expiry.announce_on_transition,
         listeners.advance_after_transition,
         announce_transition,
     ]
-    assert list(hooks.effect_created) == [announce_creation]
+    assert list(hooks.effect_created) == [expiry.announce_on_creation, announce_creation]
     assert list(hooks.command_replayed) == [record_waiter]
     assert list(hooks.dispatch_holds) == [listeners.FROZEN_SAGA]
     assert list(hooks.mismatch_found) == [listeners.freeze_on_mismatch]

@@ -640,3 +640,66 @@ def test_management_command_serves_until_sigterm(tmp_path):
         process.wait()
     lines = [json.loads(line) for line in (tmp_path / "ops.json").read_text().splitlines()]
     assert [o["idempotency_key"] for o in lines if o["kind"] == "operation"] == ["k"]
+
+
+def test_reset_before_commit_aborts_the_connection_and_commits_nothing(client, sandbox):
+    sandbox.add_fault("reset_before_commit")
+
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        post(client, "refund-1")
+
+    assert sandbox.operations() == []
+    assert (sandbox.log()[0]["fault"], sandbox.log()[0]["status"]) == ("reset_before_commit", None)
+    assert post(client, "refund-1").status_code == 201
+    assert len(sandbox.operations()) == 1
+
+
+def test_error_after_commit_commits_and_answers_a_5xx(client, sandbox):
+    sandbox.add_fault("error_after_commit", status=502)
+
+    response = post(client, "refund-1")
+
+    assert response.status_code == 502
+    assert len(sandbox.operations()) == 1
+    assert sandbox.log()[0]["action"] == "commit"
+    assert (sandbox.log()[0]["fault"], sandbox.log()[0]["status"]) == ("error_after_commit", 502)
+    assert post(client, "refund-1").status_code == 200  # a replay: still one operation
+    assert len(sandbox.operations()) == 1
+
+
+def test_a_slow_rule_lasts_until_its_times_run_out(client, sandbox):
+    """``seconds`` of ``slow`` is how slow, not how long the rule lasts."""
+    sandbox.add_fault("slow", times=1, seconds=0.2)
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert post(client, "refund-1").status_code == 201
+    assert time.monotonic() - started >= 0.2
+    assert sandbox.log()[0]["fault"] == "slow"
+
+
+def test_throttle_is_429_with_retry_after_and_commits_nothing(client, sandbox):
+    sandbox.add_fault("throttle", retry_after=2)
+
+    response = post(client, "refund-1")
+
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == "2"
+    assert sandbox.operations() == []
+    assert post(client, "refund-1").status_code == 201
+
+
+def test_lookup_unavailable_answers_503_until_its_window_lapses(client, control, sandbox):
+    post(client, "refund-1")
+    control.post(
+        "/_faults",
+        json={"fault": "lookup_unavailable", "times": None, "window": 0.5, "retry_after": 1},
+    )
+
+    for _ in range(2):
+        refused = client.get("/operations", params={"idempotency_key": "refund-1"})
+        assert refused.status_code == 503
+        assert refused.headers["Retry-After"] == "1"
+    assert post(client, "refund-2").status_code == 201  # sends are not lookups
+    time.sleep(0.6)
+    assert client.get("/operations", params={"idempotency_key": "refund-1"}).status_code == 200
+    assert sandbox.faults() == []

@@ -14,6 +14,7 @@ from django.db import connection
 from gateway.celery import app as celery_app
 from gateway.models import Effect, EffectEvent
 from reconciliation.models import ReconciliationRecord
+from tests.conftest import REFUND
 from tests.support.processes import Celery, new_queue, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -115,3 +116,29 @@ def test_an_expired_lease_is_recovered_at_its_deadline(
     assert -0.5 < late < LATE_AT_MOST
     effect = read(effect_id)
     assert len(sandbox.operations(idempotency_key=effect.command.provider_key)) == 1
+
+
+def test_an_approval_expires_at_its_deadline_not_at_a_sweep(agent, queue, tmp_path):
+    """A refund waiting for an approver with 4 s to live: the worker's waker (no beat, so no
+    dispatch sweep; the safety-net look a minute away) expires it at its deadline; nothing is
+    sent."""
+    worker = Celery("worker", queue, tmp_path / "worker.log", **NO_SWEEPS)
+    try:
+        body = {
+            **REFUND,
+            "payload": {**REFUND["payload"], "amount": 50_000},
+            "expires_in": 4,
+        }
+        response = agent.submit(body, "deadline-approval")
+        assert response.json()["status"] == "AWAITING_APPROVAL", response.json()
+        effect_id = response.json()["effect_id"]
+        wait_until(lambda: read(effect_id).status == "EXPIRED", timeout=60, what="EXPIRED")
+    finally:
+        worker.stop()
+    effect = read(effect_id)
+    expired = EffectEvent.objects.get(effect_id=effect_id, to_status="EXPIRED")
+    late = (expired.created_at - effect.command.expires_at).total_seconds()
+    print(f"command expired at {effect.command.expires_at:%H:%M:%S.%f}, EXPIRED {late:.2f} s after")
+    assert expired.actor == "waker"
+    assert 0 <= late < LATE_AT_MOST
+    assert effect.attempt_count == 0

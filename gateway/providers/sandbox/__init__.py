@@ -37,6 +37,13 @@ Fault semantics, decided here where the contract is silent:
   ``reject`` then answers its 4xx instead of committing.
 - ``lookup_unreachable`` applies to ``GET`` lookups, by key or id; its ``type`` filter
   matches the type of the operation looked up.
+- ``reset_before_commit`` (the connection aborted, a TCP reset) and ``throttle`` (``429`` with
+  ``Retry-After``) turn a POST away before anything is committed, like
+  ``fail_before_commit``; ``error_after_commit`` commits a new operation and answers a 5xx
+  instead of it.
+- ``lookup_unavailable`` answers lookups with a 5xx (``status``, 503 by default, with
+  ``Retry-After`` when ``retry_after`` is set); with ``window`` (seconds) it lapses that long
+  after it was added (``times`` null: every lookup meanwhile).
 - ``key_expired`` applies to lookups by key only: they answer 404 as a provider does once
   its key retention has passed, while the operation is still there (by id, and in
   ``/_operations``).

@@ -7,6 +7,7 @@ import gc
 import json
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,12 +33,16 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "processing": {"lookups": 2, "then": "succeeded"},
     "digest_mismatch": {"digest": None},
     "lookup_unreachable": {},
+    "lookup_unavailable": {"status": 503, "window": None, "retry_after": None},
     "key_expired": {},
+    "reset_before_commit": {},
+    "error_after_commit": {"status": 500},
+    "throttle": {"retry_after": 1},
     "reject": {"status": 400, "error": "business_rejected"},
     "fail": {"error": "operation_failed"},
 }
 FAULTS = frozenset(FAULT_PARAMS)
-_LOOKUP_FAULTS = frozenset({"lookup_unreachable", "key_expired"})
+_LOOKUP_FAULTS = frozenset({"lookup_unreachable", "lookup_unavailable", "key_expired"})
 _MISMATCHED_DIGEST = "sha256:" + "f" * 64
 
 # The data file is compacted once its superseded lines outnumber its live ones (one per
@@ -57,6 +62,7 @@ class Reply:
     status: int
     body: dict[str, Any] | None
     drop: bool = False  # close the connection without sending a byte
+    reset: bool = False  # abort the connection (TCP RST) without sending a byte
     delay: float = 0.0  # seconds to wait before answering
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -283,6 +289,12 @@ class SandboxProvider:
                 "provider": provider,
                 "params": merged,
                 "applied": 0,
+                # A rule with a ``window`` (lookup_unavailable) lasts that long, then lapses.
+                "until": (
+                    time.monotonic() + float(merged["window"])
+                    if merged.get("window") is not None
+                    else None
+                ),
             }
             self._faults.append(rule)
             return copy.deepcopy(rule)
@@ -357,6 +369,8 @@ class SandboxProvider:
                 )
                 self._persist()
                 return Reply(503, {"error": "unavailable"})
+            if before := self._before_commit(provider, idempotency_key, type_, faults):
+                return before
 
             existing = self._by_key.get((provider, idempotency_key))
             op_id: str | None = None
@@ -392,6 +406,9 @@ class SandboxProvider:
             if "commit_then_drop" in faults:
                 self._consume(faults["commit_then_drop"], applied)
                 drop = True
+            elif "error_after_commit" in faults and action == "commit":
+                status = int(self._consume(faults["error_after_commit"], applied)["status"])
+                answer, headers = {"error": "internal_error"}, {}
             elif "slow" in faults:
                 delay = float(self._consume(faults["slow"], applied)["seconds"])
             self._append_log(
@@ -432,19 +449,9 @@ class SandboxProvider:
             op_type = op["type"] if op is not None else None
             faults = self._matching_faults(provider, op_type, lookup=True)
             applied: list[str] = []
-            if "lookup_unreachable" in faults:
-                self._consume(faults["lookup_unreachable"], applied)
-                self._append_log(
-                    provider,
-                    "fault",
-                    key=key,
-                    op_id=op["id"] if op is not None else operation_id,
-                    type=op_type,
-                    faults=applied,
-                    status=None,
-                )
-                self._persist()
-                return Reply(0, None, drop=True)
+            op_ref = op["id"] if op is not None else operation_id
+            if refused := self._lookup_refused(provider, key, op_ref, op_type, faults, applied):
+                return refused
             if "key_expired" in faults and not operation_id:
                 # Past its key retention a provider forgets the key, not the operation.
                 self._consume(faults["key_expired"], applied)
@@ -480,6 +487,54 @@ class SandboxProvider:
             return Reply(200, _public(op))
 
     # -- internals (call with the lock held) ---------------------------------------------
+
+    def _lookup_refused(
+        self,
+        provider: str,
+        key: str | None,
+        op_id: str | None,
+        op_type: str | None,
+        faults: dict[str, dict[str, Any]],
+        applied: list[str],
+    ) -> Reply | None:
+        """The faults that leave a lookup unanswered: the connection dropped
+        (``lookup_unreachable``) or a 5xx (``lookup_unavailable``)."""
+        if "lookup_unreachable" in faults:
+            self._consume(faults["lookup_unreachable"], applied)
+            self._append_log(
+                provider, "fault", key=key, op_id=op_id, type=op_type, faults=applied, status=None
+            )
+            self._persist()
+            return Reply(0, None, drop=True)
+        if "lookup_unavailable" in faults:
+            params = self._consume(faults["lookup_unavailable"], applied)
+            status = int(params["status"])
+            self._append_log(
+                provider, "fault", key=key, op_id=op_id, type=op_type, faults=applied, status=status
+            )
+            self._persist()
+            retry = params["retry_after"]
+            headers = {"Retry-After": str(retry)} if retry is not None else {}
+            return Reply(status, {"error": "unavailable"}, headers=headers)
+        return None
+
+    def _before_commit(
+        self, provider: str, key: str, type_: str, faults: dict[str, dict[str, Any]]
+    ) -> Reply | None:
+        """The faults that turn a POST away before anything is committed: a connection reset
+        (``reset_before_commit``) or a 429 with ``Retry-After`` (``throttle``)."""
+        applied: list[str] = []
+        if "reset_before_commit" in faults:
+            self._consume(faults["reset_before_commit"], applied)
+            self._append_log(provider, "fault", key=key, type=type_, faults=applied, status=None)
+            self._persist()
+            return Reply(0, None, reset=True)
+        if "throttle" in faults:
+            retry = self._consume(faults["throttle"], applied)["retry_after"]
+            self._append_log(provider, "fault", key=key, type=type_, faults=applied, status=429)
+            self._persist()
+            return Reply(429, {"error": "rate_limited"}, headers={"Retry-After": str(retry)})
+        return None
 
     def _commit(
         self,
@@ -578,6 +633,8 @@ class SandboxProvider:
     ) -> dict[str, dict[str, Any]]:
         """The oldest active rule per fault name that matches this request."""
         found: dict[str, dict[str, Any]] = {}
+        now = time.monotonic()
+        self._faults[:] = [r for r in self._faults if r["until"] is None or r["until"] > now]
         for rule in self._faults:
             if (rule["fault"] in _LOOKUP_FAULTS) != lookup or rule["fault"] in found:
                 continue
@@ -697,6 +754,15 @@ def _check_params(fault: str, params: dict[str, Any]) -> None:
             raise BadRequest("reject.status must be a 4xx status code")
         if not isinstance(params["error"], str):
             raise BadRequest("reject.error must be a string")
+    elif fault in ("error_after_commit", "lookup_unavailable"):
+        status = params["status"]
+        if isinstance(status, bool) or not isinstance(status, int) or not 500 <= status <= 599:
+            raise BadRequest(f"{fault}.status must be a 5xx status code")
+        for name in ("window", "retry_after"):
+            if params.get(name) is not None:
+                number(name)
+    elif fault == "throttle":
+        number("retry_after", integer=True)
     elif fault == "fail":
         if not isinstance(params["error"], str):
             raise BadRequest("fail.error must be a string")

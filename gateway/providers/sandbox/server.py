@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import struct
 import sys
 import threading
 import traceback
@@ -191,6 +192,15 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(size)
 
     def _send(self, reply: Reply) -> None:
+        if reply.reset:
+            # An abort (RST, SO_LINGER 0) before any byte: the client sees a reset connection.
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()
+            return
         if reply.drop:
             # Drop without a byte: the client cannot tell whether we committed (SPEC §4 UNKNOWN).
             self.close_connection = True

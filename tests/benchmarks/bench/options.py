@@ -65,6 +65,10 @@ def parse(argv: list[str]) -> dict[str, Any]:
         web_node_env(options["web_node_env"], options["web_nodes"])
     except BenchError as error:
         parse_.error(str(error))
+    if options["fault_effects"] < 0 or options["fault_leases"] < 0:
+        parse_.error("--fault-effects and --fault-leases must not be negative")
+    options["fault_effects"] = options["fault_effects"] or (24 if options["quick"] else 160)
+    options["fault_leases"] = options["fault_leases"] or (6 if options["quick"] else 20)
     return options
 
 
@@ -189,6 +193,24 @@ def _ledger_and_run(parser: argparse.ArgumentParser) -> None:
         "changed, not every second as it does an empty ledger's growing tables",
     )
     parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument(
+        "--no-fault-pass",
+        action="store_true",
+        help="skip the fault pass (tests/benchmarks/bench/faults.py): answers dropped after "
+        "commit then lookups answering, and claims left to their lease, at c = 8",
+    )
+    parser.add_argument(
+        "--fault-effects",
+        type=int,
+        default=0,
+        help="effects of the fault pass's UNKNOWN part (default 160; --quick: 24)",
+    )
+    parser.add_argument(
+        "--fault-leases",
+        type=int,
+        default=0,
+        help="claims of the fault pass's lease part (default 20; --quick: 6)",
+    )
     parser.add_argument(
         "--port",
         type=int,

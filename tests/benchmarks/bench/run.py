@@ -25,7 +25,7 @@ from gateway.choices import SETTLED, EffectStatus
 from gateway.models import Effect, EffectEvent
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 from tests.benchmarks.bench import client as bench_client
-from tests.benchmarks.bench import report, targets
+from tests.benchmarks.bench import faults, report, targets
 from tests.benchmarks.bench.autovacuum import AutovacuumStandIn
 from tests.benchmarks.bench.machine import CpuGroups
 from tests.benchmarks.bench.options import BenchError
@@ -91,6 +91,8 @@ class Bench:
             try:
                 self.stack.start(self.run_id, self.ports, self.urls)
                 self._measure(rounds, tokens)
+                if not self.options["no_fault_pass"]:
+                    self.say(*faults.fault_pass(self, tokens))
             finally:
                 self._stop()
             self._round_trips(tokens[0], self.run_id)
