@@ -3,12 +3,13 @@ and sagas under the ``console:`` namespace."""
 
 from django.urls import URLPattern, path
 
-from gateway.console import approvals, auth, bulk, controls, effects, search, triage
+from gateway.console import approvals, auth, bulk, controls, dashboard, effects, search, triage
 
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
     path("triage/bulk/<slug:action>", bulk.triage_bulk, name="triage-bulk"),
     path("search", search.search, name="search"),
+    path("dashboard", dashboard.dashboard, name="dashboard"),
     path("login", auth.login_view, name="login"),
     path("logout", auth.logout_view, name="logout"),
     path("approvals", approvals.approvals, name="approvals"),
