@@ -622,6 +622,10 @@ class LedgerRollup(models.Model):
             ),
             models.CheckConstraint(condition=Q(width__in=[1, 60]), name="ledgerrollup_width"),
         ]
+        indexes = [
+            # The roll-up's newest minute (where the next pass starts) and its retention delete.
+            models.Index(fields=["start"], name="ledgerrollup_start"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.series} {self.key} {self.start:%Y-%m-%d %H:%M} +{self.width}m"

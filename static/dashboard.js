@@ -28,16 +28,17 @@
     var columns = Array.prototype.map.call(table.tHead.rows[0].cells, function (cell) {
       return cell.textContent.trim();
     }).slice(1);
-    var xs = [], labels = [], values = columns.map(function () { return []; });
+    var xs = [], labels = [], shorts = [], values = columns.map(function () { return []; });
     for (var r = 0; r < rows.length; r++) {
       var header = rows[r].cells[0];
       xs.push(Number(header.getAttribute("data-x")));
       labels.push(header.textContent.trim());
+      shorts.push(header.getAttribute("data-short") || header.textContent.trim());
       for (var c = 0; c < columns.length; c++) {
         values[c].push(number(rows[r].cells[c + 1].getAttribute("data-value")));
       }
     }
-    return { xs: xs, labels: labels, columns: columns, values: values };
+    return { xs: xs, labels: labels, shorts: shorts, columns: columns, values: values };
   }
 
   function axis(palette, unit, extra) {
@@ -47,12 +48,33 @@
       ticks: { stroke: palette.grid, width: 1 },
     };
     if (unit) {
+      spec.size = 64;
       spec.values = function (u, splits) {
-        return splits.map(function (v) { return v == null ? "" : v + " " + unit; });
+        return splits.map(function (v) { return v == null ? "" : amount(v, unit); });
       };
     }
     for (var key in extra) spec[key] = extra[key];
     return spec;
+  }
+
+  // Seconds in the unit a person reads them in; other units as they are.
+  function amount(value, unit) {
+    if (unit !== "s") return value + " " + unit;
+    if (value < 60) return value + " s";
+    if (value < 3600) return Math.round(value / 60) + " min";
+    return Math.round(value / 3600) + " h";
+  }
+
+  // Time ticks in UTC, as the tables print them: the hour, and the day when the range is
+  // longer than one.
+  function timeTicks(xs) {
+    var long = xs.length > 1 && xs[xs.length - 1] - xs[0] > 86400;
+    return function (u, splits) {
+      return splits.map(function (v) {
+        var iso = new Date(v * 1000).toISOString();
+        return long ? iso.slice(5, 10) + " " + iso.slice(11, 16) : iso.slice(11, 16);
+      });
+    };
   }
 
   function options(plot, data, palette) {
@@ -67,7 +89,7 @@
       cursor: { show: false },
       series: [{}],
       scales: { x: { time: kind !== "bars" } },
-      axes: [axis(palette, ""), axis(palette, unit)],
+      axes: [axis(palette, "", { values: timeTicks(data.xs) }), axis(palette, unit)],
       tzDate: utc,
     };
     var columns = data.columns.map(function (_, i) { return i; });
@@ -77,7 +99,8 @@
       opts.scales.y = { distr: 3 };
     }
     if (kind === "bars") {
-      var labels = data.labels;
+      // The short labels where the full ones would not fit side by side.
+      var labels = width / data.labels.length < 110 ? data.shorts : data.labels;
       opts.scales.x = { time: false, range: [-0.5, labels.length - 0.5] };
       opts.axes[0] = axis(palette, "", {
         splits: function () { return labels.map(function (_, i) { return i; }); },

@@ -70,6 +70,8 @@ AGES: tuple[tuple[str, timedelta | None], ...] = (
     ("2–24 h", timedelta(hours=24)),
     ("over 1 day", None),
 )
+# The same classes on a chart axis a phone's width.
+AGE_SHORTS = ["<5m", "5–30m", "½–2h", "2–24h", ">1d"]
 SPARK_HOURS = 24
 
 
@@ -80,18 +82,29 @@ class Table:
 
     columns: list[str]
     rows: list[tuple[str, int, list[float | None]]] = field(default_factory=list)
+    # The columns the chart draws (all unless told), and short row labels for its x axis.
+    drawn: list[int] | None = None
+    shorts: list[str] = field(default_factory=list)
 
     @property
-    def cells(self) -> list[tuple[str, int, list[tuple[str, str]]]]:
+    def legend(self) -> list[tuple[int, str]]:
+        """(colour index, name) of each drawn column: the chart's legend."""
+        drawn = range(len(self.columns)) if self.drawn is None else self.drawn
+        return [(i, self.columns[i]) for i in drawn]
+
+    @property
+    def cells(self) -> list[tuple[str, int, list[tuple[str, str]], str]]:
         """The rows as the template prints them: each value as the chart reads it
         (``data-value``, "" for none) and as a person reads it."""
+        shorts = self.shorts or [""] * len(self.rows)
         return [
             (
                 label,
                 x,
                 [("" if v is None else f"{v:g}", "–" if v is None else f"{v:g}") for v in values],
+                short,
             )
-            for label, x, values in self.rows
+            for (label, x, values), short in zip(self.rows, shorts, strict=True)
         ]
 
     def column(self, name: str) -> list[float | None]:
@@ -184,6 +197,7 @@ def confirm_table(tenant_id: int, choice: Range, now: datetime) -> tuple[Table, 
         per_step[_step_of(choice, now, row["start"])][row["bucket"]] += row["n"]
         whole[row["bucket"]] += row["n"]
     table = _empty_table(["confirmed", "p50 s", "p95 s"], choice, now)
+    table.drawn = [1, 2]  # the count is in the table; the chart draws the percentiles
     for i, (_, _, values) in enumerate(table.rows):
         histogram = _histogram(per_step.get(i, {}), size)
         values[0] = float(sum(histogram))
@@ -291,7 +305,7 @@ def waiting_by_age(tenant_id: int, now: datetime) -> dict[str, Any]:
     found = Effect.objects.filter(
         tenant_id=tenant_id, status__in=[S.UNKNOWN, S.AWAITING_APPROVAL]
     ).aggregate(**aggregates)
-    table = Table(columns=["UNKNOWN", "approvals waiting"])
+    table = Table(columns=["UNKNOWN", "approvals waiting"], shorts=AGE_SHORTS)
     for index, (label, _) in enumerate(AGES):
         table.rows.append(
             (
@@ -368,7 +382,7 @@ def dashboard_context(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     confirm, confirm_summary = confirm_table(tenant_id, choice, now)
     providers, error_rates = provider_health(tenant_id, choice, now)
     newest = (
-        LedgerRollup.objects.filter(tenant_id=tenant_id, width=1)
+        LedgerRollup.objects.filter(tenant_id=tenant_id, series="status", width=1)
         .order_by("-start")
         .values_list("start", flat=True)
         .first()
