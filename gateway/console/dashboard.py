@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Case, Count, DateTimeField, F, Min, Q, Sum, When
 from django.db.models.functions import TruncHour
 from django.http import HttpResponse
 from django.shortcuts import render
@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET
 
 from gateway.choices import EffectStatus
 from gateway.console.base import ConsoleRequest, console_view
-from gateway.console.selectors import effects_for_triage, triage_groups
+from gateway.console.selectors import TriageGroup, effects_for_triage
 from gateway.contracts import CONTRACTS
 from gateway.models import Effect, LedgerRollup
 from gateway.rollup import CONFIRM_SECONDS, LATENCY_MS
@@ -344,33 +344,59 @@ class GroupSpark:
 
 
 def group_sparklines(request: ConsoleRequest, now: datetime) -> list[GroupSpark]:
-    """The triage queue's groups (as the triage page shows them), each with the arrivals of
-    its effects per hour over the last day (by the time each last changed status)."""
+    """The triage queue's groups (as the triage page shows them: biggest first), each with
+    the arrivals of its effects per hour over the last day (by the time each last changed
+    status). One query: the queue grouped by type, cause and that hour (none when older)."""
     queue = effects_for_triage(principal=request.principal, now=now)
     first_hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=SPARK_HOURS - 1)
-    arrivals = (
-        queue.filter(status_changed_at__gte=first_hour)
-        .order_by()
-        .values("type", "cause", hour=TruncHour("status_changed_at"))
-        .annotate(n=Count("pk"))
-    )
-    per_group: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * SPARK_HOURS)
-    for row in arrivals:
-        index = int((row["hour"] - first_hour) // timedelta(hours=1))
-        if 0 <= index < SPARK_HOURS:
-            per_group[(row["type"], row["cause"])][index] += row["n"]
-    return [
-        GroupSpark(
-            provider=group.provider,
-            type=group.type,
-            cause=group.cause,
-            cause_label=group.cause_label,
-            count=group.count,
-            querystring=group.querystring(),
-            hours=per_group[(group.type, group.cause)],
+    hour = TruncHour(
+        Case(
+            When(status_changed_at__gte=first_hour, then=F("status_changed_at")),
+            default=None,
+            output_field=DateTimeField(),
         )
-        for group in triage_groups(queue)
-    ]
+    )
+    rows = (
+        queue.order_by()
+        .values("type", "cause", hour=hour)
+        .annotate(n=Count("pk"), oldest=Min("created_at"))
+    )
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        group = groups.setdefault(
+            (row["type"], row["cause"]),
+            {"count": 0, "oldest": row["oldest"], "hours": [0] * SPARK_HOURS},
+        )
+        group["count"] += row["n"]
+        group["oldest"] = min(group["oldest"], row["oldest"])
+        if row["hour"] is not None:
+            index = int((row["hour"] - first_hour) // timedelta(hours=1))
+            if 0 <= index < SPARK_HOURS:
+                group["hours"][index] += row["n"]
+    sparks = []
+    for (type_, cause), group in sorted(
+        groups.items(), key=lambda item: (-item[1]["count"], item[1]["oldest"])
+    ):
+        contract = CONTRACTS.get(type_)
+        triage_group = TriageGroup(
+            provider=contract.provider if contract else "?",
+            type=type_,
+            cause=cause,
+            count=group["count"],
+            oldest=group["oldest"],
+        )
+        sparks.append(
+            GroupSpark(
+                provider=triage_group.provider,
+                type=type_,
+                cause=cause,
+                cause_label=triage_group.cause_label,
+                count=group["count"],
+                querystring=triage_group.querystring(),
+                hours=group["hours"],
+            )
+        )
+    return sparks
 
 
 def dashboard_context(request: ConsoleRequest, now: datetime) -> dict[str, Any]:

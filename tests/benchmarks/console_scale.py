@@ -38,6 +38,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[2]
+# The index a plan's node reads: "Index Scan using x", "Bitmap Index Scan on x", …
+INDEX_SCAN = re.compile(r"(?:Index|Index Only|Bitmap Index) Scan (?:Backward )?(?:using|on) (\w+)")
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -169,11 +171,12 @@ def rollup(say) -> None:
     """The dashboard's roll-up: the whole retention window at once (what the beat task does
     on its first pass, or after an outage), then the steady pass it runs every minute."""
     from django.db import connection
+    from django.utils import timezone
 
-    from gateway.rollup import rollup_recent
+    from gateway.rollup import RETENTION, rollup_recent, rollup_span
 
     started = time.perf_counter()
-    written = rollup_recent()
+    written = rollup_span(since=timezone.now() - RETENTION, until=timezone.now())
     catch_up = time.perf_counter() - started
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE gateway_ledgerrollup")
@@ -183,8 +186,8 @@ def rollup(say) -> None:
         rollup_recent()
         steady.append((time.perf_counter() - started) * 1000)
     say(
-        f"roll-up: the week in {catch_up:.1f} s ({written:,} minute rows); a steady pass "
-        f"(the last 10 minutes) p50 {statistics.median(steady):.0f} ms, "
+        f"roll-up: the retention window (8 days) in {catch_up:.1f} s ({written:,} minute rows); "
+        f"a steady pass (the last 10 minutes) p50 {statistics.median(steady):.0f} ms, "
         f"max {max(steady):.0f} ms"
     )
 
@@ -286,7 +289,7 @@ def explain(browser, urls: dict[str, str], say, top: int = 3) -> None:
         timed.sort(reverse=True)
         say(f"{name}: {len(captured.captured_queries)} statements")
         for ms, sql, plan in timed[:top]:
-            indexes = sorted(set(re.findall(r"(?:Index|Index Only|Bitmap Index) Scan (?:Backward )?(?:using|on) (\w+)", plan)))
+            indexes = sorted(set(INDEX_SCAN.findall(plan)))
             seq = sorted(set(re.findall(r"Seq Scan on (\w+)", plan)))
             say(
                 f"  {ms:7.1f} ms  {sql[:110]}…\n"
