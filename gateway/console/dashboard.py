@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET
 
 from gateway.choices import EffectStatus
 from gateway.console.base import ConsoleRequest, console_view
-from gateway.console.selectors import TriageGroup, effects_for_triage
+from gateway.console.selectors import GROUP_FIELDS, TriageGroup, effects_for_triage
 from gateway.contracts import CONTRACTS
 from gateway.models import Effect, LedgerRollup
 from gateway.rollup import CONFIRM_SECONDS, LATENCY_MS
@@ -358,7 +358,7 @@ def group_sparklines(request: ConsoleRequest, now: datetime) -> list[GroupSpark]
     )
     rows = (
         queue.order_by()
-        .values("type", "cause", hour=hour)
+        .values(*GROUP_FIELDS, hour=hour)
         .annotate(n=Count("pk"), oldest=Min("created_at"))
     )
     groups: dict[tuple[str, str], dict[str, Any]] = {}

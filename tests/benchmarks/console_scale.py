@@ -287,7 +287,11 @@ def explain(browser, urls: dict[str, str], say, top: int = 3) -> None:
             ms = float(re.search(r"Execution Time: ([\d.]+) ms", plan).group(1))
             timed.append((ms, sql, plan))
         timed.sort(reverse=True)
-        say(f"{name}: {len(captured.captured_queries)} statements")
+        total = sum(ms for ms, _, _ in timed)
+        say(
+            f"{name}: {len(captured.captured_queries)} statements, "
+            f"{total:.1f} ms under EXPLAIN ANALYZE"
+        )
         for ms, sql, plan in timed[:top]:
             indexes = sorted(set(INDEX_SCAN.findall(plan)))
             seq = sorted(set(re.findall(r"Seq Scan on (\w+)", plan)))

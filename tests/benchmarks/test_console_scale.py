@@ -47,7 +47,9 @@ def test_the_console_benchmark_runs_small_and_cleans_up():
         assert re.search(
             rf"^\| {re.escape(page)} \| 2 \| \d+ \| \d+ \| \d+ \| (yes|NO) \| \d+ \|$", out, re.M
         ), page
-        assert re.search(rf"^{re.escape(page)}: \d+ statements$", out, re.M), page
+        assert re.search(
+            rf"^{re.escape(page)}: \d+ statements, [\d.]+ ms under EXPLAIN ANALYZE$", out, re.M
+        ), page
     assert re.search(r"^ +[\d.]+ ms  SELECT .*\n +indexes: ", out, re.M), out
     # The scratch database is gone.
     parts = urlsplit(env["DATABASE_URL"])
