@@ -297,3 +297,41 @@ def test_another_tenants_ledger_is_not_counted_on_the_page(olga, ledger):
     html = olga.client.get("/dashboard?range=day").content.decode()
     assert 'id="providers-table"' not in html
     assert all(float(v or 0) == 0 for row in table_values(html, "statuses-table") for v in row)
+
+
+def test_the_providers_percentiles_are_those_of_the_attempts(ledger):
+    """p50 and p95 of each provider's latency read from the roll-up's buckets are the
+    buckets of the attempts at those ranks, sorted by latency (nearest rank)."""
+    from math import ceil
+
+    from gateway.console.dashboard import RANGES, percentile_bucket, provider_health
+
+    tenant_id = ledger[0].tenant_id
+    now = timezone.now()
+    rollup_recent(now=now)
+    health, _ = provider_health(tenant_id, RANGES["day"], now)
+    assert {p.provider for p in health} == {"billing", "tickets", "mail"}
+    end = _minute(now) + timedelta(minutes=1)
+    for provider in health:
+        attempts = Attempt.objects.filter(
+            effect__tenant_id=tenant_id,
+            effect__command__provider=provider.provider,
+            finished_at__lt=end,
+        )
+        latencies = sorted((a.finished_at - a.started_at).total_seconds() * 1000 for a in attempts)
+        assert provider.attempts == len(latencies)
+        assert provider.errors == attempts.filter(outcome__in=["unknown", "not_started"]).count()
+        for q, found in ((0.5, provider.p50_ms), (0.95, provider.p95_ms)):
+            bucket = _bucket(LATENCY_MS, latencies[ceil(q * len(latencies)) - 1])
+            assert found == float(LATENCY_MS[min(bucket, len(LATENCY_MS) - 1)]), (provider, q)
+    assert percentile_bucket([0, 0, 0], 0.5) is None
+
+
+def test_the_beat_runs_the_roll_up_every_interval(settings, ledger):
+    from gateway.tasks import rollup_ledger
+
+    entry = settings.CELERY_BEAT_SCHEDULE["rollup-ledger"]
+    assert entry["task"] == "gateway.tasks.rollup_ledger"
+    assert entry["schedule"] == timedelta(seconds=settings.GATEWAY_ROLLUP_INTERVAL)
+    assert rollup_ledger() > 0
+    assert LedgerRollup.objects.filter(tenant_id=ledger[0].tenant_id, width=60).exists()
