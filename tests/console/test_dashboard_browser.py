@@ -86,3 +86,17 @@ def test_the_dashboard_in_both_sizes_and_schemes(
     check_page(page, viewport, f"dashboard {viewport} {scheme}, table open")
     shot(page, shots, f"dashboard-{scheme}", viewport)
     page.context.close()
+
+
+def test_an_empty_ledger_draws_without_a_script_error(browser, live_server, olga):  # noqa: F811
+    errors: list[str] = []
+    page = open_page(browser, live_server, "olga@globex", "desktop")
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    for name in ("hour", "day", "week"):
+        page.goto(f"{live_server.url}/dashboard?range={name}")
+        page.wait_for_function("document.querySelectorAll('[data-chart] canvas').length >= 3")
+        assert page.get_by_text("No attempt finished in the").is_visible()
+        assert page.get_by_text("The triage queue is empty.").is_visible()
+    assert errors == []
+    check_page(page, "desktop", "empty dashboard")
+    page.context.close()
