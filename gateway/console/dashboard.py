@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Case, Count, DateTimeField, F, Min, Q, Sum, When
 from django.db.models.functions import TruncHour
 from django.http import HttpResponse
@@ -30,6 +31,7 @@ from gateway.console.selectors import GROUP_FIELDS, TriageGroup, effects_for_tri
 from gateway.contracts import CONTRACTS
 from gateway.models import Effect, LedgerRollup
 from gateway.rollup import CONFIRM_SECONDS, LATENCY_MS
+from gateway.templatetags.console import duration_label
 
 S = EffectStatus
 
@@ -428,6 +430,7 @@ def dashboard_context(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
         "waiting": waiting_by_age(tenant_id, now),
         "groups": group_sparklines(request, now),
         "counted_until": newest,
+        "rollup_every": duration_label(timedelta(seconds=settings.GATEWAY_ROLLUP_INTERVAL)),
     }
 
 

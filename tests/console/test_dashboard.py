@@ -284,6 +284,7 @@ def test_the_page_has_each_range_a_nav_link_and_sparklines(oscar, ledger):
         assert len(table_values(html, "statuses-table")) == steps, name
         assert f'href="?range={name}" aria-current="page"' in html
     assert '<a href="/dashboard" aria-current="page">Dashboard</a>' in html
+    assert "(the roll-up runs every 1 min)" in html
     assert 'data-spark="' in html
     spark = re.search(r'data-spark="([^"]+)"', html)
     assert spark and len(spark.group(1).split()) == 24 and spark.group(1).split()[-1] == "1"
