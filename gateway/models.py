@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import HashIndex
+from django.contrib.postgres.indexes import BrinIndex, HashIndex
 from django.db import models
 from django.db.models import F, Func, Q
 from django.db.models.fields.json import KeyTextTransform
@@ -502,6 +502,9 @@ class Attempt(models.Model):
             models.Index(
                 fields=["started_at"], name="attempt_sending", condition=Q(state="sending")
             ),
+            # The dashboard's roll-up (gateway.rollup): attempts finished in the last minutes.
+            # Rows are written in time order, so a BRIN index of a few pages finds them.
+            BrinIndex(fields=["finished_at"], name="attempt_finished_brin"),
         ]
 
     def __str__(self) -> str:
@@ -608,6 +611,10 @@ class EffectEvent(models.Model):
                 name="event_seal_queue",
                 condition=models.Q(txid__isnull=False),
             ),
+            # The dashboard's roll-up (gateway.rollup): the status changes of the last minutes.
+            # Events are appended in time order: a BRIN index, a few pages, no cost per insert
+            # worth measuring (it is summarised by VACUUM, not at each insert).
+            BrinIndex(fields=["created_at"], name="event_created_brin"),
         ]
 
     def __str__(self) -> str:
@@ -693,3 +700,40 @@ class SavedView(models.Model):
 
     def __str__(self) -> str:
         return f"{self.page} view {self.name!r} of {self.owner_id}"
+
+
+class LedgerRollup(models.Model):
+    """One tenant's ledger over one minute (``width`` 1) or one hour (60), per series, key and
+    bucket: what the console's dashboard draws, counted by gateway.rollup from the ledger's
+    append-only rows and recounted whole, so a second count of the same span is a no-op."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # Minutes the row spans: 1 (the last hour's views) or 60 (the day's and the week's).
+    width = models.PositiveSmallIntegerField()
+    start = models.DateTimeField()
+    # "status": status changes into ``key``; "attempt": finished attempts at provider ``key``,
+    # by latency bucket, with the errors among them; "confirm": effects of provider ``key``
+    # confirmed, by bucket of time since submission.
+    series = models.CharField(max_length=16)
+    key = models.CharField(max_length=100, blank=True)
+    bucket = models.SmallIntegerField(default=0)
+    count = models.BigIntegerField()
+    errors = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # The roll-up's upsert target, and the dashboard's range scan: a tenant's series at
+            # one width from a start time on.
+            models.UniqueConstraint(
+                fields=["tenant", "series", "width", "start", "key", "bucket"],
+                name="ledgerrollup_unique",
+            ),
+            models.CheckConstraint(condition=Q(width__in=[1, 60]), name="ledgerrollup_width"),
+        ]
+        indexes = [
+            # The roll-up's newest minute (where the next pass starts) and its retention delete.
+            models.Index(fields=["start"], name="ledgerrollup_start"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.series} {self.key} {self.start:%Y-%m-%d %H:%M} +{self.width}m"

@@ -575,6 +575,12 @@ GATEWAY_WAKER_MAX_SLEEP = env_number(
     doc="The longest a waker sleeps before it looks at the due times again, whatever it was "
     "told: the bound on a lost wake-up.",
 )
+GATEWAY_ROLLUP_INTERVAL = env_number(
+    "GATEWAY_ROLLUP_INTERVAL",
+    60,
+    doc="Seconds between roll-up passes, which count the last minutes of the ledger into the "
+    "console dashboard's per-minute and per-hour aggregates (gateway.rollup).",
+)
 GATEWAY_TALLY_INTERVAL = env_number(
     "GATEWAY_TALLY_INTERVAL",
     15,
@@ -899,6 +905,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=GATEWAY_TALLY_INTERVAL),
         # A pass that waited longer than two intervals is superseded by the next one.
         "options": {"expires": 2 * GATEWAY_TALLY_INTERVAL},
+    },
+    "rollup-ledger": {
+        "task": "gateway.tasks.rollup_ledger",
+        "schedule": timedelta(seconds=GATEWAY_ROLLUP_INTERVAL),
+        # A pass that waited longer than two intervals is superseded by the next one.
+        "options": {"expires": 2 * GATEWAY_ROLLUP_INTERVAL},
     },
     "sweep-sagas": {
         "task": "sagas.tasks.sweep_sagas",

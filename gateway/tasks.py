@@ -36,3 +36,12 @@ def write_audit_checkpoints() -> int:
 @shared_task(ignore_result=True)
 def seal_audit(shard: int = 0, shards: int = 1) -> int:
     return audit.seal_pending(shard=shard, shards=shards)
+
+
+@shared_task(ignore_result=True)
+def rollup_ledger() -> int:
+    """Beat, every GATEWAY_ROLLUP_INTERVAL: count the last minutes of the ledger into the
+    dashboard's roll-up (gateway.rollup). A redelivery or an overlap recounts: harmless."""
+    from gateway.rollup import rollup_recent
+
+    return rollup_recent()

@@ -146,10 +146,14 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
 def _triage_page(matching: Any, filters: TriageFilters, now: Any) -> tuple[list[Any], bool, str]:
     """One page of the queue: its rows (with who holds each), whether more follow, and the
     query string of the next page ("" on the last)."""
+    # The page's ids first, then its rows with their commands: joined before the sort, the
+    # command of every effect in the queue would be read to keep 51 (0.1 s at 5,000).
+    ordered = triage_keyset(matching, filters)
+    ids = list(ordered.values_list("pk", flat=True)[: TRIAGE_PAGE_SIZE + 1])
     page = list(
-        triage_keyset(matching, filters)
+        ordered.filter(pk__in=ids)
         .select_related("command")
-        .defer("command__payload_sealed", "command__intent")[: TRIAGE_PAGE_SIZE + 1]
+        .defer("command__payload_sealed", "command__intent")
     )
     has_next = len(page) > TRIAGE_PAGE_SIZE
     page = page[:TRIAGE_PAGE_SIZE]

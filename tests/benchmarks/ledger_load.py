@@ -346,9 +346,16 @@ def create_principals() -> None:
         )
 
 
-def load(*, effects: int, open_queue: bool = True, say=print) -> dict[str, float]:
+def load(
+    *,
+    effects: int,
+    open_queue: bool = True,
+    say=print,
+    mix: tuple[tuple[int, str], ...] = OPEN_QUEUE,
+) -> dict[str, float]:
     """Write ``effects`` settled effects plus (unless ``open_queue`` is false) the open queue
-    into a migrated scratch database. Returns seconds per phase."""
+    (``mix``: how many of each open kind; ``OPEN_QUEUE`` unless told) into a migrated scratch
+    database. Returns seconds per phase."""
     from django.conf import settings
     from django.db import connection
 
@@ -368,10 +375,10 @@ def load(*, effects: int, open_queue: bool = True, say=print) -> dict[str, float
         cursor.execute("SET maintenance_work_mem = '1GB'")
         cursor.execute("SET work_mem = '64MB'")
         dropped = _drop_secondary_indexes(cursor)
-        _temp_tables(cursor, types)
+        _temp_tables(cursor, types, mix)
         params = _load_params(cursor, tenant, effects, len(types))
         started = time.perf_counter()
-        total = effects + (OPEN_TOTAL if open_queue else 0)
+        total = effects + (sum(count for count, _ in mix) if open_queue else 0)
         for low in range(1, total + 1, BATCH):
             high = min(total + 1, low + BATCH)
             _batch(cursor, {**params, "low": low, "high": high}, types)
@@ -509,7 +516,7 @@ def _drop_secondary_indexes(cursor) -> list[str]:
     return [definition for _table, _name, definition in found]
 
 
-def _temp_tables(cursor, types: list[TypeRow]) -> None:
+def _temp_tables(cursor, types: list[TypeRow], mix: tuple[tuple[int, str], ...]) -> None:
     import json
 
     cursor.execute(
@@ -562,7 +569,7 @@ def _temp_tables(cursor, types: list[TypeRow]) -> None:
             )
     history = " ".join(f"WHEN g %% 1000 < {bound} THEN '{name}'" for bound, name in HISTORY)
     open_queue, upper = [], 0
-    for count, name in OPEN_QUEUE:
+    for count, name in mix:
         upper += count
         open_queue.append(f"WHEN g - %(n)s <= {upper} THEN '{name}'")
     # The open queue (g > n) spread over the last six hours; the history before it.
