@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import HashIndex
+from django.contrib.postgres.indexes import BrinIndex, HashIndex
 from django.db import models
 from django.db.models import F, Func, Q
 from django.db.models.fields.json import KeyTextTransform
@@ -475,6 +475,10 @@ class Attempt(models.Model):
             models.Index(
                 fields=["started_at"], name="attempt_sending", condition=Q(state="sending")
             ),
+            # Provider health (gateway.providers.health): the attempts of the last hour. BRIN:
+            # attempts are written in time order, so a few pages of block ranges serve the
+            # window, at almost no cost per insert (a b-tree would add an entry per attempt).
+            BrinIndex(fields=["started_at"], name="attempt_started", autosummarize=True),
         ]
 
     def __str__(self) -> str:

@@ -9,6 +9,8 @@ class ReconciliationConfig(AppConfig):
 
     def ready(self) -> None:
         from gateway.console import extensions
+        from gateway.providers import health
+        from reconciliation import selectors
         from reconciliation import claims, job_views, views, waker  # noqa: F401  (waker: its Celery receivers)
         from reconciliation.metrics import register_collector
 
@@ -31,3 +33,5 @@ class ReconciliationConfig(AppConfig):
             extensions.add_bulk_action(name, bulk_action)
         # The bulk jobs those actions started, above the queue.
         extensions.add_triage_panel(job_views.jobs_panel)
+        # Provider health counts the reconciler's lookups beside the attempts.
+        health.add_lookup_source(selectors.lookup_tallies)

@@ -3,7 +3,7 @@ and sagas under the ``console:`` namespace."""
 
 from django.urls import URLPattern, path
 
-from gateway.console import approvals, auth, bulk, controls, effects, search, triage
+from gateway.console import approvals, auth, bulk, controls, effects, providers, search, triage
 
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
@@ -12,6 +12,8 @@ urlpatterns: list[URLPattern] = [
     path("login", auth.login_view, name="login"),
     path("logout", auth.logout_view, name="logout"),
     path("approvals", approvals.approvals, name="approvals"),
+    # Provider health, circuits, consoles and credentials (operators and admins).
+    path("providers", providers.provider_list, name="providers"),
     path("effects/<str:effect_id>", effects.effect_detail, name="effect"),
     path("effects/<str:effect_id>/<slug:action>", effects.effect_action, name="effect-action"),
     # Freezes and capabilities (operators and admins).
