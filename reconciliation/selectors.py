@@ -85,7 +85,8 @@ def effects_next_due() -> DueTimes:
     return DueTimes(check, lease)
 
 
-# A lookup that settled an UNKNOWN or IN_PROGRESS effect (the provider's answer proved it).
+# A lookup that settled an uncertain effect (UNKNOWN or IN_PROGRESS: the record keeps the
+# status after the verdict, not before), the provider's answer proving it.
 _SETTLING = [RecordOutcome.CONFIRMED, RecordOutcome.REJECTED, RecordOutcome.NOT_STARTED]
 
 
@@ -99,6 +100,6 @@ def lookup_tallies(tenant_id: int, since: datetime) -> dict[str, health.Tally]:
         ),
         at="created_at",
         failed=Q(lookup_status=LookupStatus.UNREACHABLE),
-        marked=Q(outcome__in=_SETTLING, effect_status=EffectStatus.UNKNOWN),
+        marked=Q(outcome__in=_SETTLING),
         type_field="effect__type",
     )

@@ -203,7 +203,7 @@ class ProviderHealth:
     latency_p50: float | None
     latency_p99: float | None
     # The tenant's UNKNOWN effects at this provider now, and over the window: how many sends
-    # ended UNKNOWN, how many lookups settled one.
+    # ended UNKNOWN, how many lookups settled an uncertain effect (UNKNOWN or IN_PROGRESS).
     unknown: int
     unknown_new: int
     unknown_settled: int
