@@ -101,13 +101,15 @@ def risk_key(view: GroupView) -> tuple[Any, ...]:
     group = view.group
     contract = CONTRACTS.get(group.type)
     money = contract is not None and contract.effect_class == EffectClass.FINANCIAL_WRITE
-    irreversible = contract is not None and (
-        contract.irreversible or contract.effect_class != EffectClass.IDEMPOTENT_WRITE
-    )
+    # Irreversible contracts first, then writes outside our walls, then harmless repeats.
+    if contract is None or contract.irreversible:
+        irreversible = 0
+    else:
+        irreversible = 2 if contract.effect_class == EffectClass.IDEMPOTENT_WRITE else 1
     return (
         group.cause != "mismatch",
         not money,
-        not irreversible,
+        irreversible,
         group.oldest,
         group.provider,
         group.type,
