@@ -10,8 +10,7 @@ class ReconciliationConfig(AppConfig):
     def ready(self) -> None:
         from gateway.console import extensions
         from gateway.providers import health
-        from reconciliation import selectors
-        from reconciliation import claims, job_views, views, waker  # noqa: F401  (waker: its Celery receivers)
+        from reconciliation import claims, job_views, selectors, views, waker  # noqa: F401  (waker: its Celery receivers)
         from reconciliation.metrics import register_collector
 
         register_collector()

@@ -84,8 +84,19 @@ class HealthRow:
     def label_parts(self) -> tuple[Any, ...]:
         """What the strip and the page show of it (the polls redraw when it changes)."""
         h = self.health
-        return (self.provider, self.sends, self.lookups, self.send_errors, self.lookup_errors,
-                self.p50, self.p99, self.trend, h.unknown, h.unknown_new, h.unknown_settled)
+        return (
+            self.provider,
+            self.sends,
+            self.lookups,
+            self.send_errors,
+            self.lookup_errors,
+            self.p50,
+            self.p99,
+            self.trend,
+            h.unknown,
+            h.unknown_new,
+            h.unknown_settled,
+        )
 
     @property
     def quiet(self) -> bool:
@@ -193,7 +204,7 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
     now = timezone.now()
     health = provider_health(principal.tenant_id, now=now)
     snapshot = circuits()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "health": row,
             "circuit": circuit(snapshot, row.provider),
@@ -202,7 +213,7 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
         }
         for row in health_rows(health)
     ]
-    context = {
+    context: dict[str, Any] = {
         "rows": rows,
         "protection": snapshot is not None,
         "credentials_partial": credentials_partial(),

@@ -76,18 +76,22 @@ def group_view(group: TriageGroup, health: ProviderHealth | None, now: datetime)
     if cause == SETTLING:
         return _settling_signature(group, health, now)
     if cause == "mismatch":
-        return GroupView(group, "receipt disagrees — never re-executed, the owner decides", True, "danger")
+        return GroupView(
+            group, "receipt disagrees — never re-executed, the owner decides", True, "danger"
+        )
     if cause == "compensation_failed":
         return GroupView(group, "compensation failed — undo it by hand", True, "danger")
     if cause == "escalated":
-        lookups = f"after {group.checks} inconclusive lookups" if group.checks else "to a human"
-        return GroupView(group, f"escalated {lookups}", True, "attention")
+        after = f"after {group.checks} inconclusive lookups" if group.checks else "to a human"
+        return GroupView(group, f"escalated {after}", True, "attention")
     if cause == "unknown":
         lookups = health.lookups if health is not None else None
         if lookups is not None and lookups.answering is False and lookups.since:
             return GroupView(
-                group, f"outcome unknown, lookups unreachable since {_clock(lookups.since)}",
-                True, "attention",
+                group,
+                f"outcome unknown, lookups unreachable since {_clock(lookups.since)}",
+                True,
+                "attention",
             )
         return GroupView(group, "outcome unknown, no lookup scheduled", True, "attention")
     if cause == "overdue":
@@ -147,7 +151,10 @@ def needs_a_human(query: QuerySet[Effect], health: dict[str, ProviderHealth]) ->
 
 
 def needs_human_count(
-    principal: Principal, *, now: datetime | None = None, health: dict[str, ProviderHealth] | None = None
+    principal: Principal,
+    *,
+    now: datetime | None = None,
+    health: dict[str, ProviderHealth] | None = None,
 ) -> int:
     """The nav badge's and the page title's count: the tenant's effects that need a person."""
     now = now or timezone.now()

@@ -148,8 +148,10 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         [(r.effect.pk, r.effect.updated_at, r.age, r.in_status, r.overdue) for r in rows],
         has_next,
         [panel.token for panel in panels],
-        [(v.group.provider, v.group.type, v.group.cause, v.group.count, v.signature)
-         for v in human_groups + settling_groups],
+        [
+            (v.group.provider, v.group.type, v.group.cause, v.group.count, v.signature)
+            for v in human_groups + settling_groups
+        ],
         [row.label_parts() for row in strip],
         waiting_approvals,
         [r.holder for r in rows],

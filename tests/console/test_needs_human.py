@@ -61,8 +61,7 @@ def answered_lookup(effect: Effect, minutes_ago: int = 2):
 
 def test_timeouts_at_a_provider_whose_lookups_answer_need_nobody(oscar, bot):
     effects = [
-        settling_unknown(bot.principal, resource={"type": "order", "id": f"o{n}"})
-        for n in range(3)
+        settling_unknown(bot.principal, resource={"type": "order", "id": f"o{n}"}) for n in range(3)
     ]
     answered_lookup(effects[0])
     html = oscar.client.get("/").content.decode()
@@ -118,11 +117,12 @@ def test_groups_sort_by_risk(oscar, bot):
     set_state(
         submit(agent, EMAIL), status="UNKNOWN", created_at=now - timedelta(hours=4)
     )  # irreversible
+    set_state(submit(agent, REFUND), status="UNKNOWN", created_at=now - timedelta(hours=3))  # money
     set_state(
-        submit(agent, REFUND), status="UNKNOWN", created_at=now - timedelta(hours=3)
-    )  # money
-    set_state(
-        submit(agent, TICKET), status="CONFIRMED", mismatch=True, created_at=now - timedelta(hours=1)
+        submit(agent, TICKET),
+        status="CONFIRMED",
+        mismatch=True,
+        created_at=now - timedelta(hours=1),
     )  # receipt disagrees
     html = oscar.client.get("/").content.decode()
     assert group_keys(html) == [

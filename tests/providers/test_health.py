@@ -45,8 +45,7 @@ def sent(effect: Effect) -> Effect:
 def test_timeouts_then_lookups_that_settle_them(agent, sandbox):
     sandbox.add_fault("commit_then_drop", times=2, provider="billing")
     refunds = [
-        sent(submit(agent, REFUND, resource={"type": "order", "id": f"ord_h{n}"}))
-        for n in range(2)
+        sent(submit(agent, REFUND, resource={"type": "order", "id": f"ord_h{n}"})) for n in range(2)
     ]
     assert [e.status for e in refunds] == ["UNKNOWN", "UNKNOWN"]
     assert sent(submit(agent, TICKET)).status == "CONFIRMED"
@@ -112,7 +111,11 @@ def test_a_refusal_or_a_429_is_an_answer_a_5xx_is_not(agent):
     effect = set_state(submit(agent, REFUND), status="REJECTED")
     add_attempt(effect, outcome="rejected", http_status=402, started_at=now - timedelta(minutes=9))
     add_attempt(
-        effect, number=2, outcome="not_started", http_status=429, started_at=now - timedelta(minutes=8)
+        effect,
+        number=2,
+        outcome="not_started",
+        http_status=429,
+        started_at=now - timedelta(minutes=8),
     )
     add_attempt(
         effect, number=3, outcome="unknown", http_status=503, started_at=now - timedelta(minutes=7)
@@ -136,8 +139,9 @@ def test_channel_states():
 def test_three_queries_whatever_the_rows(agent, django_assert_num_queries):
     now = timezone.now()
     for n in range(20):
-        effect = set_state(submit(agent, REFUND, resource={"type": "order", "id": f"q{n}"}),
-                           status="UNKNOWN")
+        effect = set_state(
+            submit(agent, REFUND, resource={"type": "order", "id": f"q{n}"}), status="UNKNOWN"
+        )
         add_attempt(effect, started_at=now - timedelta(minutes=n + 1))
         add_failed_lookups(effect, 2, first_minutes_ago=30)
     # The sends, the lookups (reconciliation's source), the UNKNOWN counts.
