@@ -470,6 +470,7 @@ def test_every_page_in_both_viewports(
         ("/controls", "controls"),
         ("/search?q=ord_881", "search"),
         ("/triage/jobs", "bulk-jobs"),
+        ("/providers", "providers"),
     ):
         page.goto(f"{live_server.url}{path}")
         check_page(page, viewport, path)
@@ -505,7 +506,15 @@ def test_every_page_in_both_viewports(
 def test_light_scheme_has_no_serious_axe_violation(browser, live_server, oscar, bot):  # noqa: F811
     unknown = escalated_unknown(bot.principal, CHARGE)
     page = open_page(browser, live_server, "oscar@acme", "desktop", scheme="light")
-    for path in ("/", f"/effects/{unknown.pk}", "/approvals", "/cases", "/sagas", "/controls"):
+    for path in (
+        "/",
+        f"/effects/{unknown.pk}",
+        "/approvals",
+        "/cases",
+        "/sagas",
+        "/controls",
+        "/providers",
+    ):
         page.goto(f"{live_server.url}{path}")
         check_page(page, "desktop", f"light {path}")
     page.context.close()
