@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from django.db.models import Count, Max
 from django.http import HttpResponse
+from django.template import RequestContext, Template
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
@@ -243,3 +244,13 @@ def bulk_menu(request: ConsoleRequest, views: list[GroupView]) -> list[dict[str,
 def triage(request: ConsoleRequest) -> HttpResponse:
     """``/``: the triage queue, with filters, keyset pages and a 5 s poll of its table."""
     return render_polled(request, "gateway/effect_triage.html", "queue", _triage_context(request))
+
+
+@require_GET
+@console_view
+def triage_badge(request: ConsoleRequest) -> HttpResponse:
+    """The nav's Triage badge, loaded after the page: the count of effects that need a human."""
+    cast(Any, request).needs_human = needs_human_count(request.principal)
+    return HttpResponse(
+        Template("{% load console %}{% triage_badge %}").render(RequestContext(request))
+    )

@@ -8,6 +8,7 @@ from gateway.console import approvals, auth, bulk, controls, effects, providers,
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
     path("triage/bulk/<slug:action>", bulk.triage_bulk, name="triage-bulk"),
+    path("triage/badge", triage.triage_badge, name="triage-badge"),
     path("search", search.search, name="search"),
     path("login", auth.login_view, name="login"),
     path("logout", auth.logout_view, name="logout"),

@@ -89,9 +89,11 @@ def test_failing_lookups_send_the_same_effects_to_a_human(oscar, bot):
     assert 'data-needs-human="true"' in group
     first = timezone.localtime(records[0].created_at).strftime("%H:%M")
     assert f"lookups unreachable since {first}" in group
-    # The badge on every other page counts the same.
+    # Every other page loads the same count after the page (no health queries of its own).
     other = oscar.client.get("/approvals").content.decode()
-    assert 'id="triage-badge" class="count">1<' in other
+    assert 'id="triage-badge" class="count count-zero" hx-get="/triage/badge"' in other
+    badge = oscar.htmx("get", "/triage/badge").content.decode()
+    assert badge.startswith('<span id="triage-badge" class="count">1<')
 
 
 def test_a_late_lookup_is_not_settling(oscar, bot):
