@@ -189,6 +189,21 @@
     }
   });
 
+  // The triage poll redraws the count of effects that need a human: the title and the nav's
+  // badge follow it.
+  document.addEventListener("htmx:afterSettle", function () {
+    var line = document.getElementById("needs-human");
+    if (!line) return;
+    var count = line.getAttribute("data-count");
+    document.title = document.title.replace(/^Triage: \d+ needs? a human/,
+      "Triage: " + count + (count === "1" ? " needs" : " need") + " a human");
+    var badge = document.getElementById("triage-badge");
+    if (badge && badge.firstChild && badge.firstChild.nodeType === 3) {
+      badge.firstChild.nodeValue = count;
+      badge.classList.toggle("count-zero", count === "0");
+    }
+  });
+
   // After an action replaced a fragment (the effect, a saga, a case card, a section of the
   // controls), put keyboard focus back at the new fragment's heading (the one that takes
   // focus: tabindex="-1"), so that a keyboard user does not land at the top of the page.

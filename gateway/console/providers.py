@@ -25,6 +25,9 @@ from gateway.errors import NotPermitted
 from gateway.providers.health import WINDOW, Channel, ProviderHealth, provider_health
 from gateway.templatetags.console import duration_label
 
+# How the pages name ``WINDOW``.
+WINDOW_WORDS = "last hour"
+
 # The credentials partial of the providers page, when the console has one.
 CREDENTIALS_PARTIAL = "gateway/partials/provider_credentials.html"
 
@@ -34,13 +37,15 @@ def _clock(moment: datetime) -> str:
 
 
 def channel_label(channel: Channel) -> str:
-    """``answering since 04:07``, ``unreachable since 04:07``, ``answering`` (the whole hour),
-    ``no calls in the last hour``."""
+    """``answering since 04:07``, ``not answering since 04:07``, ``answering, no failure in
+    the last hour``, ``no call in the last hour``."""
     if channel.answering is None:
-        return f"no calls in the last {duration_label(WINDOW)}"
-    state = "answering" if channel.answering else "not answering"
+        return f"no call in the {WINDOW_WORDS}"
     if channel.since is None:
-        return f"{state} all of the last {duration_label(WINDOW)}"
+        # Only an answering channel has no start in the window (a failing one started at its
+        # first failure).
+        return f"answering, no failure in the {WINDOW_WORDS}"
+    state = "answering" if channel.answering else "not answering"
     return f"{state} since {_clock(channel.since)}"
 
 

@@ -105,19 +105,8 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
     health = provider_health(principal.tenant_id, now=now)
     queue = effects_for_triage(principal=principal, now=now)
     matching = apply_triage_filters(queue, filters, now)
-    # The settling effects are listed only when asked for (their group's "Show these").
-    settling = settling_q(health)
-    summary = matching.aggregate(
-        human=Count("pk", filter=~settling),
-        settling=Count("pk", filter=settling),
-        latest=Max("updated_at"),
-    )
+    matching, summary = _summary(matching, filters, health)
     settling_count = summary["settling"]
-    if filters.cause == "settling":
-        summary["count"] = settling_count
-    else:
-        matching = needs_a_human(matching, health)
-        summary["count"] = summary["human"]
     # The whole queue by provider, type and cause (with the filters but the group's own):
     # what an incident looks like at a glance, and where the bulk actions are.
     groups = triage_groups(
@@ -129,13 +118,13 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
     )
     human_groups, settling_groups = split_groups(groups, health, now)
     strip = [row for row in health_rows(health) if not row.quiet]
-    # Unfiltered, the queue's own count is the page title's; filtered, it is counted apart.
+    # Unfiltered, the queue's own count is the page title's (and the nav badge's, which
+    # reads it from the request); filtered, it is counted apart.
     needs_human = (
         summary["human"]
         if not filters.active
         else needs_human_count(principal, now=now, health=health)
     )
-    # The nav badge of this very request reads it instead of counting again.
     cast(Any, request).needs_human = needs_human
     waiting_approvals = approvals_waiting(principal=principal, now=now)
     rows, has_next, next_query = _triage_page(matching, filters, now)
@@ -185,6 +174,25 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
     for panel in panels:
         context.update(panel.context)
     return context
+
+
+def _summary(
+    matching: Any, filters: TriageFilters, health: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The rows to list (the settling effects only when asked for: their group's "Show
+    these") and, in one query, how many need a human, how many are settling, the latest
+    change; ``count`` is how many are listed."""
+    settling = settling_q(health)
+    summary = matching.aggregate(
+        human=Count("pk", filter=~settling),
+        settling=Count("pk", filter=settling),
+        latest=Max("updated_at"),
+    )
+    if filters.cause == "settling":
+        summary["count"] = summary["settling"]
+        return matching, summary
+    summary["count"] = summary["human"]
+    return needs_a_human(matching, health), summary
 
 
 def _triage_page(matching: Any, filters: TriageFilters, now: Any) -> tuple[list[Any], bool, str]:

@@ -73,7 +73,8 @@ def test_needs_a_human_is_0_while_the_reconciler_settles_timeouts(
     assert "lookups answering — settling by itself" in group.inner_text()
     assert group.get_attribute("data-needs-human") == "false"
     strip = page.locator('.strip-item[data-provider="billing"]')
-    assert strip.locator(".strip-state").nth(1).get_attribute("data-answering") == "yes"
+    assert strip.locator('[data-channel="lookups"]').get_attribute("data-answering") == "yes"
+    assert strip.locator('[data-channel="sends"]').get_attribute("data-answering") == "no"
     assert page.locator("tr[data-effect]").count() == 0
     check_page(page, viewport, "triage while settling")
     page.screenshot(path=shots / f"triage-settling-{viewport}.png", full_page=True)
@@ -184,7 +185,9 @@ def test_providers_page_in_both_viewports(
     billing = page.locator('tr[data-provider="billing"]')
     assert "not answering since" in billing.inner_text()
     assert "not configured" in billing.inner_text()
-    assert "answering all of the last" in page.locator('tr[data-provider="tickets"]').inner_text()
+    assert "answering, no failure in the last hour" in page.locator(
+        'tr[data-provider="tickets"]'
+    ).inner_text()
     check_page(page, viewport, "/providers")
     page.screenshot(path=shots / f"providers-{viewport}.png", full_page=True)
     page.context.close()
