@@ -36,10 +36,11 @@ def test_provider_health_reads_only_the_last_hour(db):
     capability_grant(granted_by="test", principal=agent, effect_types=["*"])
     effects = [
         set_state(
-            submit(agent, REFUND if n % 2 else TICKET, resource={"type": "order", "id": f"b{n}"}),
+            submit(agent, body, resource={**body["resource"], "id": f"b{n}"}),
             status="UNKNOWN",
         )
         for n in range(EFFECTS)
+        for body in [REFUND if n % 2 else TICKET]
     ]
     ids = [e.pk for e in effects]
     started = time.perf_counter()
