@@ -191,3 +191,35 @@ def test_providers_page_in_both_viewports(
     check_page(page, viewport, "/providers")
     page.screenshot(path=shots / f"providers-{viewport}.png", full_page=True)
     page.context.close()
+
+
+def test_the_compensation_form_says_what_it_sends(
+    browser,  # noqa: F811
+    live_server,
+    oscar,
+    bot,
+    viewport,
+):
+    from tests.console.conftest import add_receipt
+    from tests.console.test_console_flows import CHARGE
+
+    effect = set_state(
+        submit(bot.principal, CHARGE), status="CONFIRMED", confirmed_at=timezone.now()
+    )
+    add_receipt(effect, result={"charge_id": "ch_browser_1", "state": "captured"})
+    page = open_page(browser, live_server, "oscar@acme", viewport)
+    page.goto(f"{live_server.url}/effects/{effect.pk}")
+    page.get_by_text("Compensate…").click()
+    sends = page.locator("#compensation-sends")
+    text = sends.inner_text()
+    for shown in ("billing.refund.create", "49.99 EUR", "4999 in minor units", "ch_browser_1"):
+        assert shown in text, text
+    # Keys are read whole on a phone: no key of the list is wrapped onto two lines.
+    wrapped = sends.locator("dt").evaluate_all(
+        "dts => dts.filter(dt => dt.getClientRects().length > 1 ||"
+        " dt.getBoundingClientRect().height > 2 * parseFloat(getComputedStyle(dt).lineHeight))"
+        ".map(dt => dt.textContent)"
+    )
+    assert wrapped == []
+    check_page(page, viewport, "compensation form open")
+    page.context.close()
