@@ -78,7 +78,8 @@ def test_provider_health_reads_only_the_last_hour(db):
         cursor.execute(f"ANALYZE {Attempt._meta.db_table}")
         cursor.execute(f"ANALYZE {ReconciliationRecord._meta.db_table}")
         cursor.execute(f"ANALYZE {Effect._meta.db_table}")
-    print(f"\n{ROWS:,} attempts and {ROWS:,} lookups written in {time.perf_counter() - started:.1f} s")
+    spent = time.perf_counter() - started
+    print(f"\n{ROWS:,} attempts and {ROWS:,} lookups written in {spent:.1f} s")
 
     timings = []
     for _ in range(7):

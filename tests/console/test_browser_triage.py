@@ -89,9 +89,7 @@ def test_needs_a_human_is_0_while_the_reconciler_settles_timeouts(
     assert page.locator("#needs-human").inner_text() == "Needs a human: 0"
     assert Effect.objects.filter(pk__in=[e.pk for e in effects], status="CONFIRMED").count() == 6
     # Exactly once, by the provider's own log: one operation per key, none sent again.
-    creates = Counter(
-        op["idempotency_key"] for op in sandbox.log() if op["action"] == "commit"
-    )
+    creates = Counter(op["idempotency_key"] for op in sandbox.log() if op["action"] == "commit")
     assert creates == Counter({e.command.provider_key: 1 for e in effects})
     check_page(page, viewport, "triage after settling")
     page.context.close()
@@ -185,9 +183,10 @@ def test_providers_page_in_both_viewports(
     billing = page.locator('tr[data-provider="billing"]')
     assert "not answering since" in billing.inner_text()
     assert "not configured" in billing.inner_text()
-    assert "answering, no failure in the last hour" in page.locator(
-        'tr[data-provider="tickets"]'
-    ).inner_text()
+    assert (
+        "answering, no failure in the last hour"
+        in page.locator('tr[data-provider="tickets"]').inner_text()
+    )
     check_page(page, viewport, "/providers")
     page.screenshot(path=shots / f"providers-{viewport}.png", full_page=True)
     page.context.close()
