@@ -283,7 +283,7 @@ def test_one_inbox_lists_every_kind_of_work_and_no_page_is_a_dead_end(
     for text in (
         "open case on a settled effect",
         "compensation failed",
-        "escalated to a human",
+        "escalated after 8 inconclusive lookups",
         "waiting for an approver for more than 15 min",
     ):
         assert text in queue.inner_text(), text
