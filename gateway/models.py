@@ -505,6 +505,10 @@ class Attempt(models.Model):
             # The dashboard's roll-up (gateway.rollup): attempts finished in the last minutes.
             # Rows are written in time order, so a BRIN index of a few pages finds them.
             BrinIndex(fields=["finished_at"], name="attempt_finished_brin"),
+            # Provider health (gateway.providers.health): the attempts of the last hour. BRIN:
+            # attempts are written in time order, so a few pages of block ranges serve the
+            # window, at almost no cost per insert (a b-tree would add an entry per attempt).
+            BrinIndex(fields=["started_at"], name="attempt_started", autosummarize=True),
         ]
 
     def __str__(self) -> str:

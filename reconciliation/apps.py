@@ -10,7 +10,8 @@ class ReconciliationConfig(AppConfig):
     def ready(self) -> None:
         from gateway import hooks
         from gateway.console import extensions
-        from reconciliation import claims, job_views, views, waker  # noqa: F401  (waker: its Celery receivers)
+        from gateway.providers import health
+        from reconciliation import claims, job_views, selectors, views, waker  # noqa: F401  (waker: its Celery receivers)
         from reconciliation.metrics import register_collector
 
         register_collector()
@@ -42,3 +43,5 @@ class ReconciliationConfig(AppConfig):
         from reconciliation.exports import CASES_EXPORT
 
         extensions.add_export("cases", CASES_EXPORT)
+        # Provider health counts the reconciler's lookups beside the attempts.
+        health.add_lookup_source(selectors.lookup_tallies)

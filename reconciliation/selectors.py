@@ -7,12 +7,13 @@ from datetime import datetime
 from typing import NamedTuple
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from gateway.choices import TO_RECONCILE, EffectStatus
 from gateway.errors import NotFound
 from gateway.models import Command, Effect, Principal
-from reconciliation.choices import UNRESOLVED
+from gateway.providers import health
+from reconciliation.choices import UNRESOLVED, LookupStatus, RecordKind, RecordOutcome
 from reconciliation.models import Case, ReconciliationRecord
 
 
@@ -90,3 +91,23 @@ def effects_next_due() -> DueTimes:
         cursor.execute(_DUE_TIMES)
         check, lease, expiry = cursor.fetchone()
     return DueTimes(check, lease, expiry)
+
+
+# A lookup that settled an uncertain effect (UNKNOWN or IN_PROGRESS: the record keeps the
+# status after the verdict, not before), the provider's answer proving it.
+_SETTLING = [RecordOutcome.CONFIRMED, RecordOutcome.REJECTED, RecordOutcome.NOT_STARTED]
+
+
+def lookup_tallies(tenant_id: int, since: datetime) -> dict[str, health.Tally]:
+    """The tenant's lookups since ``since``, per provider, for provider health: a lookup
+    failed when the provider did not answer. Served by the partial index record_recent_lookup
+    (lookups by time), bounded by ``since``."""
+    return health.tallies(
+        ReconciliationRecord.objects.filter(
+            kind=RecordKind.LOOKUP, created_at__gte=since, tenant_id=tenant_id
+        ),
+        at="created_at",
+        failed=Q(lookup_status=LookupStatus.UNREACHABLE),
+        marked=Q(outcome__in=_SETTLING),
+        type_field="effect__type",
+    )

@@ -729,7 +729,7 @@ BULK_ACTIONS: dict[str, BulkAction] = {
     # A background job (reconciliation.jobs): the click answers with the job's card.
     "reconcile": BulkAction(
         "Look up all {count} now",
-        frozenset({"escalated", "unknown", "overdue"}),
+        frozenset({"escalated", "unknown", "overdue", "settling"}),
         job_views.start_lookup,
         tone="primary",
         answer=job_views.jobs_oob,

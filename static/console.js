@@ -5,7 +5,8 @@
  * - when the gateway cannot be reached, say so instead of failing silently, and stop saying
  *   so once a poll gets through again;
  * - copy buttons, the phone's nav menu, keyboard shortcuts (? lists them), and the triage
- *   filters remembered for the way back from an effect. */
+ *   filters remembered for the way back from an effect;
+ * - the triage filters behind one button on a phone, and skip links that move focus. */
 (function () {
   "use strict";
 
@@ -165,6 +166,41 @@
     } else if (event.key === "r") {
       var reconcile = document.querySelector("form[action$='/reconcile'] button[type=submit]");
       if (reconcile) { event.preventDefault(); reconcile.click(); }
+    }
+  });
+
+  // --- triage on a phone: the filters open behind one button; skip links focus their target --
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest(".filters-button");
+    if (button) {
+      var form = document.getElementById(button.getAttribute("aria-controls"));
+      var open = button.getAttribute("aria-expanded") !== "true";
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+      if (form) form.classList.toggle("open", open);
+      return;
+    }
+    var skip = event.target.closest("a.skip-link[href^='#']");
+    if (!skip) return;
+    var target = document.getElementById(skip.getAttribute("href").slice(1));
+    if (target) {
+      event.preventDefault();
+      target.focus();
+      target.scrollIntoView({ block: "center" });
+    }
+  });
+
+  // The triage poll redraws the count of effects that need a human: the title and the nav's
+  // badge follow it.
+  document.addEventListener("htmx:afterSettle", function () {
+    var line = document.getElementById("needs-human");
+    if (!line) return;
+    var count = line.getAttribute("data-count");
+    document.title = document.title.replace(/^Triage: \d+ needs? a human/,
+      "Triage: " + count + (count === "1" ? " needs" : " need") + " a human");
+    var badge = document.getElementById("triage-badge");
+    if (badge && badge.firstChild && badge.firstChild.nodeType === 3) {
+      badge.firstChild.nodeValue = count;
+      badge.classList.toggle("count-zero", count === "0");
     }
   });
 

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db.models import (
     Case,
     CharField,
@@ -15,6 +16,7 @@ from django.db.models import (
     F,
     Func,
     IntegerField,
+    Max,
     Min,
     Q,
     QuerySet,
@@ -47,21 +49,36 @@ CAUSES = {
     "mismatch": "receipt disagrees with the command",
     "compensation_failed": "compensation failed",
     "escalated": "escalated to a human",
+    # UNKNOWN with its next lookup scheduled and not late: the reconciler is on it
+    # (gateway.console.settling says whether the provider's lookups answer).
+    "settling": "being looked up by the reconciler",
     "unknown": "outcome unknown",
     "overdue": "in progress, overdue",
     "case": "open case on a settled effect",
 }
 
 
+# A scheduled lookup this far past its time means the reconciler is not keeping up: the
+# effect is no longer counted as settling by itself (the sweep runs every
+# GATEWAY_RECONCILE_INTERVAL; the wakers act at the due time).
+def lookup_late_after() -> timedelta:
+    return max(timedelta(minutes=1), 2 * timedelta(seconds=settings.GATEWAY_RECONCILE_INTERVAL))
+
+
 # Approvals waiting longer than this are listed in the triage queue too.
 APPROVAL_WAIT = timedelta(minutes=15)
 
 
-def _cause() -> Case:
+def _cause(now: datetime) -> Case:
     return Case(
         When(mismatch=True, then=Value("mismatch")),
         When(status=S.COMPENSATION_FAILED, then=Value("compensation_failed")),
         When(escalated=True, then=Value("escalated")),
+        When(
+            status=S.UNKNOWN,
+            next_check_at__gte=now - lookup_late_after(),
+            then=Value("settling"),
+        ),
         When(status=S.UNKNOWN, then=Value("unknown")),
         When(status=S.IN_PROGRESS, then=Value("overdue")),
         default=Value("case"),
@@ -195,7 +212,7 @@ def effects_for_triage(*, principal: Principal, now: datetime) -> QuerySet[Effec
     for exclude in extensions.triage_excludes:
         query = query.exclude(exclude())
     # No join: the provider of a group is its type's contract's (see triage_groups).
-    return query.annotate(cause=_cause())
+    return query.annotate(cause=_cause(now))
 
 
 # A group of the triage queue in the database: the type and the cause annotated by
@@ -212,6 +229,9 @@ class TriageGroup:
     cause: str
     count: int
     oldest: datetime
+    # The group's next scheduled lookup and its most lookups (for its cause signature).
+    next_check: datetime | None = None
+    checks: int = 0
 
     @property
     def cause_label(self) -> str:
@@ -226,7 +246,12 @@ def triage_groups(query: QuerySet[Effect]) -> list[TriageGroup]:
     rows = (
         query.order_by()
         .values(*GROUP_FIELDS)
-        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .annotate(
+            count=Count("pk"),
+            oldest=Min("created_at"),
+            next_check=Min("next_check_at"),
+            checks=Max("check_count"),
+        )
         .order_by("-count", "oldest")
     )
     groups = []

@@ -8,12 +8,14 @@ from typing import Any, cast
 
 from django.db.models import Count, Max
 from django.http import HttpResponse
+from django.template import RequestContext, Template
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from gateway.choices import EffectStatus
 from gateway.console import extensions
 from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled
+from gateway.console.providers import health_rows
 from gateway.console.selectors import (
     APPROVAL_WAIT,
     CAUSES,
@@ -29,8 +31,16 @@ from gateway.console.selectors import (
     triage_groups,
     triage_keyset,
 )
+from gateway.console.settling import (
+    GroupView,
+    needs_a_human,
+    needs_human_count,
+    settling_q,
+    split_groups,
+)
 from gateway.contracts import CONTRACTS, EffectContract, get_contract
 from gateway.models import Effect
+from gateway.providers.health import provider_health
 from gateway.templatetags.console import duration_label, money
 
 S = EffectStatus
@@ -92,9 +102,11 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
     principal = request.principal
     now = timezone.now()
     filters = TriageFilters.parse(request.GET if params is None else params)
+    health = provider_health(principal.tenant_id, now=now)
     queue = effects_for_triage(principal=principal, now=now)
     matching = apply_triage_filters(queue, filters, now)
-    summary = matching.aggregate(count=Count("pk"), latest=Max("updated_at"))
+    matching, summary = _summary(matching, filters, health)
+    settling_count = summary["settling"]
     # The whole queue by provider, type and cause (with the filters but the group's own):
     # what an incident looks like at a glance, and where the bulk actions are.
     groups = triage_groups(
@@ -104,6 +116,16 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
             now,
         )
     )
+    human_groups, settling_groups = split_groups(groups, health, now)
+    strip = [row for row in health_rows(health) if not row.quiet]
+    # Unfiltered, the queue's own count is the page title's (and the nav badge's, which
+    # reads it from the request); filtered, it is counted apart.
+    needs_human = (
+        summary["human"]
+        if not filters.active
+        else needs_human_count(principal, now=now, health=health)
+    )
+    cast(Any, request).needs_human = needs_human
     waiting_approvals = approvals_waiting(principal=principal, now=now)
     rows, has_next, next_query = _triage_page(matching, filters, now)
     # What the other apps show above the queue (the sagas stopped for a human).
@@ -116,9 +138,15 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         [(r.effect.pk, r.effect.updated_at, r.age, r.in_status, r.overdue) for r in rows],
         has_next,
         [panel.token for panel in panels],
-        [(g.provider, g.type, g.cause, g.count) for g in groups],
+        [
+            (v.group.provider, v.group.type, v.group.cause, v.group.count, v.signature)
+            for v in human_groups + settling_groups
+        ],
+        [row.label_parts() for row in strip],
         waiting_approvals,
         [r.holder for r in rows],
+        needs_human,
+        settling_count,
     )
     context: dict[str, Any] = {
         "filters": filters,
@@ -126,7 +154,12 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
             (key, value, filters.without_context(key)) for key, value in filters.context
         ],
         "rows": rows,
-        "groups": bulk_menu(request, groups),
+        "groups": bulk_menu(request, human_groups),
+        "settling_groups": bulk_menu(request, settling_groups),
+        "strip": strip,
+        "quiet_providers": len(health) - len(strip),
+        "needs_human": needs_human,
+        "settling_count": settling_count,
         "waiting_approvals": waiting_approvals,
         "approval_wait": duration_label(APPROVAL_WAIT),
         "count": summary["count"],
@@ -141,6 +174,25 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
     for panel in panels:
         context.update(panel.context)
     return context
+
+
+def _summary(
+    matching: Any, filters: TriageFilters, health: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The rows to list (the settling effects only when asked for: their group's "Show
+    these") and, in one query, how many need a human, how many are settling, the latest
+    change; ``count`` is how many are listed."""
+    settling = settling_q(health)
+    summary = matching.aggregate(
+        human=Count("pk", filter=~settling),
+        settling=Count("pk", filter=settling),
+        latest=Max("updated_at"),
+    )
+    if filters.cause == "settling":
+        summary["count"] = summary["settling"]
+        return matching, summary
+    summary["count"] = summary["human"]
+    return needs_a_human(matching, health), summary
 
 
 def _triage_page(matching: Any, filters: TriageFilters, now: Any) -> tuple[list[Any], bool, str]:
@@ -189,11 +241,14 @@ def _filter_choices() -> dict[str, Any]:
     }
 
 
-def bulk_menu(request: ConsoleRequest, groups: list[Any]) -> list[dict[str, Any]]:
-    """Each group with the bulk actions this principal may take on it."""
+def bulk_menu(request: ConsoleRequest, views: list[GroupView]) -> list[dict[str, Any]]:
+    """Each group (with its cause signature) and the bulk actions this principal may take."""
     from gateway.console.bulk import available_bulk_actions
 
-    return [{"group": g, "actions": available_bulk_actions(request.principal, g)} for g in groups]
+    return [
+        {"group": v.group, "view": v, "actions": available_bulk_actions(request.principal, v.group)}
+        for v in views
+    ]
 
 
 @require_GET
@@ -201,3 +256,13 @@ def bulk_menu(request: ConsoleRequest, groups: list[Any]) -> list[dict[str, Any]
 def triage(request: ConsoleRequest) -> HttpResponse:
     """``/``: the triage queue, with filters, keyset pages and a 5 s poll of its table."""
     return render_polled(request, "gateway/effect_triage.html", "queue", _triage_context(request))
+
+
+@require_GET
+@console_view
+def triage_badge(request: ConsoleRequest) -> HttpResponse:
+    """The nav's Triage badge, loaded after the page: the count of effects that need a human."""
+    cast(Any, request).needs_human = needs_human_count(request.principal)
+    return HttpResponse(
+        Template("{% load console %}{% triage_badge %}").render(RequestContext(request))
+    )

@@ -14,6 +14,7 @@ from gateway.console import (
     exports,
     oauth,
     provider_credentials,
+    providers,
     saved,
     search,
     triage,
@@ -22,11 +23,14 @@ from gateway.console import (
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
     path("triage/bulk/<slug:action>", bulk.triage_bulk, name="triage-bulk"),
+    path("triage/badge", triage.triage_badge, name="triage-badge"),
     path("search", search.search, name="search"),
     path("dashboard", dashboard.dashboard, name="dashboard"),
     path("login", auth.login_view, name="login"),
     path("logout", auth.logout_view, name="logout"),
     path("approvals", approvals.approvals, name="approvals"),
+    # Provider health, circuits, consoles and credentials (operators and admins).
+    path("providers", providers.provider_list, name="providers"),
     path("effects/<str:effect_id>", effects.effect_detail, name="effect"),
     path("effects/<str:effect_id>/<slug:action>", effects.effect_action, name="effect-action"),
     # Freezes and capabilities (operators and admins).

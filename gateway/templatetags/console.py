@@ -185,3 +185,37 @@ def may_control(principal: Any) -> bool:
     from gateway.choices import OPERATOR_ROLES
 
     return getattr(principal, "role", None) in OPERATOR_ROLES
+
+
+@register.simple_tag(takes_context=True)
+def triage_badge(context, oob: bool = False) -> str:
+    """The nav's count of effects that need a human (not those the reconciler is settling by
+    itself: gateway.console.settling). The triage page has it already, an action's answer
+    counts it (out of band); every other page loads it after the page (``triage-badge``), so
+    that no page pays for provider health it does not show."""
+    request = context.get("request")
+    principal = getattr(request, "principal", None)
+    if principal is None:
+        return ""
+    waiting = getattr(request, "needs_human", None)
+    if waiting is None and not oob:
+        from django.urls import reverse
+
+        return format_html(
+            '<span id="triage-badge" class="count count-zero" hx-get="{}" hx-trigger="load" '
+            'hx-swap="outerHTML"><span aria-hidden="true">…</span><span class="visually-hidden">'
+            " counting</span></span>",
+            reverse("console:triage-badge"),
+        )
+    if waiting is None:
+        from gateway.console.settling import needs_human_count
+
+        waiting = needs_human_count(principal)
+        request.needs_human = waiting
+    return format_html(
+        '<span id="triage-badge" class="count{}"{}>{}<span class="visually-hidden">'
+        " need a human</span></span>",
+        " count-zero" if not waiting else "",
+        mark_safe(' hx-swap-oob="true"') if oob else "",
+        waiting,
+    )

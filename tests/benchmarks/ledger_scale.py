@@ -376,6 +376,7 @@ class ProbeOps:
     def _api_queries(self) -> dict:
         from gateway.console.selectors import effects_for_triage
         from gateway.models import Effect
+        from gateway.providers.health import provider_health
         from gateway.selectors import effects_filtered
 
         agent = self.agent
@@ -396,6 +397,10 @@ class ProbeOps:
             "triage selector, oldest first, page 1": effects_for_triage(
                 principal=agent, now=timezone.now()
             ).order_by("command")[:51],
+            # The triage strip's and the providers page's three grouped queries.
+            "provider health, the last hour (providers.health)": _Deferred(
+                lambda: provider_health(agent.tenant_id)
+            ),
         }
 
     def _deep_cursor(self) -> str:
@@ -504,6 +509,16 @@ class ProbeOps:
             "seq": seq,
             "ms": top.get("Execution Time"),
         }
+
+
+class _Deferred:
+    """A read that is not a queryset, run when it is iterated (as the querysets are)."""
+
+    def __init__(self, read) -> None:
+        self.read = read
+
+    def __iter__(self):
+        return iter(self.read())
 
 
 def _walk(node: dict):

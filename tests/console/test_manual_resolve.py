@@ -72,7 +72,7 @@ def test_confirming_stores_a_receipt_recorded_by_the_operator(oscar, bot):
     assert f'action="/effects/{effect.pk}/compensate"' in html
     sends = html[html.index('id="compensation-sends"') :]
     sends = sends[: sends.index("</dl>")]
-    for shown in ("billing.refund.create", "4999", "EUR", "ch_pasted"):
+    for shown in ("billing.refund.create", "49.99 EUR", "4999 in minor units", "ch_pasted"):
         assert shown in sends
 
 

@@ -1,0 +1,232 @@
+"""``/providers`` (operators and admins): each provider's health over the last hour
+(``gateway.providers.health``, the same numbers as the triage queue's strip), its circuit and
+rate limit when ``gateway.providers.protection`` is installed, where its own console is, and
+its credentials (a partial another part of the console provides, when present).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from gateway.choices import OPERATOR_ROLES
+from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled
+from gateway.contracts import CONTRACTS
+from gateway.errors import NotPermitted
+from gateway.providers.health import WINDOW, Channel, ProviderHealth, provider_health
+from gateway.templatetags.console import duration_label
+
+# How the pages name ``WINDOW``.
+WINDOW_WORDS = "last hour"
+
+# The credentials partial of the providers page, when the console has one.
+CREDENTIALS_PARTIAL = "gateway/partials/provider_credentials.html"
+
+
+def _clock(moment: datetime) -> str:
+    return timezone.localtime(moment).strftime("%H:%M")
+
+
+def channel_label(channel: Channel) -> str:
+    """``answering since 04:07``, ``not answering since 04:07``, ``answering, no failure in
+    the last hour``, ``no call in the last hour``."""
+    if channel.answering is None:
+        return f"no call in the {WINDOW_WORDS}"
+    if channel.since is None:
+        # Only an answering channel has no start in the window (a failing one started at its
+        # first failure).
+        return f"answering, no failure in the {WINDOW_WORDS}"
+    state = "answering" if channel.answering else "not answering"
+    return f"{state} since {_clock(channel.since)}"
+
+
+def _rate(channel: Channel) -> str:
+    rate = channel.error_rate
+    if rate is None:
+        return "—"
+    return f"{rate:.0%} of {channel.calls}"
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds >= 10:
+        return f"{seconds:.0f} s"
+    return f"{seconds * 1000:.0f} ms"
+
+
+TREND_WORDS = {"rising": "↑ rising", "falling": "↓ falling", "steady": "→ steady"}
+
+
+@dataclass(frozen=True)
+class HealthRow:
+    """One provider's health, in the words and figures the strip and the page show."""
+
+    health: ProviderHealth
+    sends: str
+    lookups: str
+    send_errors: str
+    lookup_errors: str
+    p50: str
+    p99: str
+    trend: str
+    # ok / attention / danger: the words say it too.
+    tone: str
+
+    @property
+    def provider(self) -> str:
+        return self.health.provider
+
+    def label_parts(self) -> tuple[Any, ...]:
+        """What the strip and the page show of it (the polls redraw when it changes)."""
+        h = self.health
+        return (
+            self.provider,
+            self.sends,
+            self.lookups,
+            self.send_errors,
+            self.lookup_errors,
+            self.p50,
+            self.p99,
+            self.trend,
+            h.unknown,
+            h.unknown_new,
+            h.unknown_settled,
+        )
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing to say: no call in the window and no UNKNOWN."""
+        h = self.health
+        return h.sends.answering is None and h.lookups.answering is None and not h.unknown
+
+
+def health_row(health: ProviderHealth) -> HealthRow:
+    failing = health.sends.answering is False or health.lookups.answering is False
+    tone = "danger" if health.lookups.answering is False else "attention" if failing else "ok"
+    return HealthRow(
+        health=health,
+        sends=channel_label(health.sends),
+        lookups=channel_label(health.lookups),
+        send_errors=_rate(health.sends),
+        lookup_errors=_rate(health.lookups),
+        p50=_ms(health.latency_p50),
+        p99=_ms(health.latency_p99),
+        trend=TREND_WORDS[health.trend],
+        tone=tone,
+    )
+
+
+def health_rows(health: dict[str, ProviderHealth]) -> list[HealthRow]:
+    return [health_row(health[name]) for name in sorted(health)]
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """The protection module's view of one provider, in words ("not configured" without it)."""
+
+    state: str
+    detail: str
+
+
+def circuits() -> dict[str, Any] | None:
+    """``gateway.providers.protection.snapshot()`` when that module is installed, else None."""
+    try:
+        protection = importlib.import_module("gateway.providers.protection")
+    except ImportError:
+        return None
+    snapshot = getattr(protection, "snapshot", None)
+    return snapshot() if callable(snapshot) else None
+
+
+def circuit(snapshot: dict[str, Any] | None, provider: str) -> Circuit:
+    if snapshot is None:
+        return Circuit("not configured", "")
+    entry = snapshot.get(provider)
+    if entry is None:
+        return Circuit("not configured", "")
+    state = str(getattr(entry, "state", "") or "unknown")
+    parts = []
+    since = getattr(entry, "since", None)
+    if isinstance(since, datetime):
+        parts.append(f"since {_clock(since)}")
+    paused = getattr(entry, "paused_until", None)
+    if isinstance(paused, datetime) and paused > timezone.now():
+        parts.append(f"paused until {_clock(paused)}")
+    cap, in_flight = getattr(entry, "cap", None), getattr(entry, "in_flight", None)
+    if cap:
+        parts.append(f"{in_flight or 0} / {cap} in flight")
+    limit, used = getattr(entry, "rate_limit", None), getattr(entry, "rate_used", None)
+    if limit:
+        parts.append(f"rate {used or 0} / {limit}")
+    return Circuit(state, " · ".join(parts))
+
+
+def console_home(provider: str) -> str:
+    """Where the provider's own console is: its contracts' ``console_url`` with the base URL
+    filled in, cut before its per-operation part ("" when no contract names one)."""
+    base = (getattr(settings, "GATEWAY_PROVIDER_URLS", {}) or {}).get(provider, "")
+    for contract in sorted(CONTRACTS.values(), key=lambda c: c.type):
+        if contract.provider != provider or not contract.console_url:
+            continue
+        home = contract.console_url
+        for cut in ("?", "{provider_key}", "{operation_id}"):
+            home = home.split(cut, 1)[0]
+        if "{" in home.replace("{base}", ""):
+            return ""
+        return home.replace("{base}", base.rstrip("/"))
+    return ""
+
+
+def credentials_partial() -> str:
+    """The credentials partial's name when the console has it, else ""."""
+    try:
+        get_template(CREDENTIALS_PARTIAL)
+    except TemplateDoesNotExist:
+        return ""
+    return CREDENTIALS_PARTIAL
+
+
+@require_GET
+@console_view
+def provider_list(request: ConsoleRequest) -> HttpResponse:
+    """``/providers``: health, circuit, console and credentials per provider; polled."""
+    principal = request.principal
+    if principal.role not in OPERATOR_ROLES:
+        raise NotPermitted(
+            f"The providers page is for operators and admins; you are signed in as "
+            f"{principal.role}."
+        )
+    now = timezone.now()
+    health = provider_health(principal.tenant_id, now=now)
+    snapshot = circuits()
+    rows: list[dict[str, Any]] = [
+        {
+            "health": row,
+            "circuit": circuit(snapshot, row.provider),
+            "console": console_home(row.provider),
+            "types": sorted(c.type for c in CONTRACTS.values() if c.provider == row.provider),
+        }
+        for row in health_rows(health)
+    ]
+    context: dict[str, Any] = {
+        "rows": rows,
+        "protection": snapshot is not None,
+        "credentials_partial": credentials_partial(),
+        "window": duration_label(WINDOW),
+        "now": now,
+        "view_name": "providers",
+    }
+    context["token"] = poll_token(
+        [(r["health"].label_parts(), r["circuit"]) for r in rows], duration_label(WINDOW)
+    )
+    return render_polled(request, "gateway/provider_list.html", "providers", context)
