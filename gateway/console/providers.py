@@ -1,7 +1,7 @@
 """``/providers`` (operators and admins): each provider's health over the last hour
 (``gateway.providers.health``, the same numbers as the triage queue's strip), its circuit and
 rate limit when ``gateway.providers.protection`` is installed, where its own console is, and
-its credentials (a partial another part of the console provides, when present).
+which credential the tenant's effects go out with (managed on ``/providers/<name>/credentials``).
 """
 
 from __future__ import annotations
@@ -13,23 +13,20 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
-from django.template import TemplateDoesNotExist
-from django.template.loader import get_template
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from gateway.choices import OPERATOR_ROLES
+from gateway import provider_credentials as credentials
+from gateway.choices import OPERATOR_ROLES, CredentialState
 from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled
 from gateway.contracts import CONTRACTS
 from gateway.errors import NotPermitted
+from gateway.models import ProviderCredential
 from gateway.providers.health import WINDOW, Channel, ProviderHealth, provider_health
 from gateway.templatetags.console import duration_label
 
 # How the pages name ``WINDOW``.
 WINDOW_WORDS = "last hour"
-
-# The credentials partial of the providers page, when the console has one.
-CREDENTIALS_PARTIAL = "gateway/partials/provider_credentials.html"
 
 
 def _clock(moment: datetime) -> str:
@@ -187,13 +184,27 @@ def console_home(provider: str) -> str:
     return ""
 
 
-def credentials_partial() -> str:
-    """The credentials partial's name when the console has it, else ""."""
-    try:
-        get_template(CREDENTIALS_PARTIAL)
-    except TemplateDoesNotExist:
-        return ""
-    return CREDENTIALS_PARTIAL
+@dataclass(frozen=True)
+class SendsWith:
+    """The credential a provider's effects of this tenant go out with: the tenant's own active
+    one (fingerprint, last 4, when it was set or rotated in) or the deployment's."""
+
+    own: ProviderCredential | None
+    deployment_fingerprint: str
+
+
+def sends_with(tenant_id: int, providers: list[str]) -> dict[str, SendsWith]:
+    """One query for every provider's active tenant credential."""
+    active = {
+        row.provider: row
+        for row in ProviderCredential.objects.filter(
+            tenant_id=tenant_id, provider__in=providers, state=CredentialState.ACTIVE
+        )
+    }
+    return {
+        name: SendsWith(active.get(name), credentials.deployment_fingerprint(name))
+        for name in providers
+    }
 
 
 @require_GET
@@ -209,11 +220,13 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
     now = timezone.now()
     health = provider_health(principal.tenant_id, now=now)
     snapshot = circuits()
+    with_credential = sends_with(principal.tenant_id, sorted(health))
     rows: list[dict[str, Any]] = [
         {
             "health": row,
             "circuit": circuit(snapshot, row.provider),
             "console": console_home(row.provider),
+            "credential": with_credential[row.provider],
             "types": sorted(c.type for c in CONTRACTS.values() if c.provider == row.provider),
         }
         for row in health_rows(health)
@@ -221,7 +234,6 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
     context: dict[str, Any] = {
         "rows": rows,
         "protection": snapshot is not None,
-        "credentials_partial": credentials_partial(),
         "window": duration_label(WINDOW),
         "now": now,
         "view_name": "providers",

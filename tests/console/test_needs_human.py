@@ -158,10 +158,26 @@ def test_providers_page_for_operators(oscar, alice, bot, monkeypatch):
     assert "100% of 2" in row
     assert 'data-circuit="not configured"' in row
     assert "/billing/_operations" in html  # where billing's own console is
-    assert 'id="credentials-none"' in html
+    sent = html[html.index('data-credential-of="billing"') :]
+    sent = sent[: sent.index("</div>")]
+    assert "/providers/billing/credentials" in sent
+    assert "this tenant's credential" not in sent  # none of its own: the deployment's, or none
     assert 'aria-current="page">Providers' in html
     assert alice.client.get("/providers").status_code == 403
     assert "/providers" not in alice.client.get("/approvals").content.decode()
+
+
+def test_providers_page_names_the_tenants_own_credential(oscar, root):
+    from gateway import provider_credentials
+
+    row = provider_credentials.credential_set(
+        actor=root.principal, provider="billing", secret="sk_test_tenant_own_key_7781"
+    )
+    html = oscar.client.get("/providers").content.decode()
+    sent = html[html.index('data-credential-of="billing"') :]
+    sent = sent[: sent.index("</div>")]
+    assert "this tenant's credential" in sent and row.fingerprint in sent and "…7781" in sent
+    assert "sk_test_tenant_own_key" not in html
 
 
 def test_providers_page_reads_the_circuits_when_protection_is_installed(oscar, monkeypatch):
