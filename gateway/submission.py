@@ -73,6 +73,7 @@ def new_rows(
     compensates_id: str | None = None,
     saga_id: str = "",
     saga_step: str = "",
+    token_id: int | None = None,
 ) -> NewRows:
     """The rows a submission writes: an approval-gated command waits (AWAITING_APPROVAL),
     any other is PREPARED and due now. ``wait``: why it waits for an approver beyond the
@@ -103,6 +104,7 @@ def new_rows(
         "budget_amount": reserved,
         "approval_required": needs_approval,
         "compensates_id": compensates_id,
+        "submitted_with_id": token_id,
         "saga_id": saga_id,
         "saga_step": saga_step,
         "expires_at": now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),

@@ -67,6 +67,21 @@ def _token_cache_off(settings):
 
 
 @pytest.fixture(autouse=True)
+def _approvals_by_digest(settings):
+    """The product signs approvals of financial and irreversible types by default
+    (gateway.signing); the suite approves by digest alone unless a test asks for the policy
+    (the ``signed_approvals`` fixture, tests/security/test_signed_approvals.py and the
+    browser's passkey flow)."""
+    settings.GATEWAY_SIGNED_APPROVAL_CLASSES = []
+
+
+@pytest.fixture
+def signed_approvals(settings):
+    """The shipped policy: financial writes and irreversible types need a signed approval."""
+    settings.GATEWAY_SIGNED_APPROVAL_CLASSES = ["financial_write", "irreversible"]
+
+
+@pytest.fixture(autouse=True)
 def _login_lockout_off(settings):
     """django-axes writes rows on every login (``force_login`` too): off, so persona logins cost
     nothing, except in the lockout tests, which turn it on (tests/security/test_logins.py)."""

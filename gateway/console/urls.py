@@ -3,7 +3,7 @@ and sagas under the ``console:`` namespace."""
 
 from django.urls import URLPattern, path
 
-from gateway.console import approvals, auth, bulk, controls, effects, search, triage
+from gateway.console import approvals, auth, bulk, controls, effects, passkeys, search, triage
 
 urlpatterns: list[URLPattern] = [
     path("", triage.triage, name="triage"),
@@ -12,6 +12,17 @@ urlpatterns: list[URLPattern] = [
     path("login", auth.login_view, name="login"),
     path("logout", auth.logout_view, name="logout"),
     path("approvals", approvals.approvals, name="approvals"),
+    # Passkeys: registered by approvers, confirmed by another approver or an admin.
+    path("passkeys", passkeys.passkeys, name="passkeys"),
+    path("passkeys/options", passkeys.passkey_options, name="passkey-options"),
+    path("passkeys/register", passkeys.passkey_register, name="passkey-register"),
+    path("passkeys/<int:key_id>/confirm", passkeys.passkey_confirm, name="passkey-confirm"),
+    path("passkeys/<int:key_id>/revoke", passkeys.passkey_revoke, name="passkey-revoke"),
+    path(
+        "effects/<str:effect_id>/approval-challenge",
+        passkeys.approval_challenge,
+        name="approval-challenge",
+    ),
     path("effects/<str:effect_id>", effects.effect_detail, name="effect"),
     path("effects/<str:effect_id>/<slug:action>", effects.effect_action, name="effect-action"),
     # Freezes and capabilities (operators and admins).

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gateway import audit_tree, checkpoints
+from gateway import audit_tree, checkpoints, signing
 from gateway.audit import seal_state, seal_tenant, verify_tenant
 from gateway.lib import treehead, witness
 from gateway.models import Tenant
@@ -205,6 +205,13 @@ class Command(BaseCommand):
             for problem in audit_tree.leaf_problems(item.pk)[:20]:
                 broken += 1
                 self.stdout.write(f"{item.slug}: BROKEN: {problem}")
+            # Approvals that policy says are signed: each signature verifies against the
+            # approver's registered key and the command's digest (gateway.signing).
+            for problem in signing.approval_problems(item.pk):
+                broken += 1
+                self.stdout.write(f"{item.slug}: BROKEN: {problem}")
         broken += failed
         if broken:
-            raise CommandError(f"{broken} broken chain(s), checkpoint(s) or tree check(s)")
+            raise CommandError(
+                f"{broken} broken chain(s), checkpoint(s), tree check(s) or approval(s)"
+            )
