@@ -124,10 +124,10 @@ def verified_claimed_payload(
     found = payload_digest(type=type, resource=resource, payload=payload)
     if found != digest:
         return None, f"the sealed payload has digest {found}, the command {digest}"
-    # A fast claim is never of a command that needs an approval (fastpath.CLAIM_CHECKS): one
-    # whose contract asks for an approval of this payload had its approval flag edited.
+    # A fast claim is never of an approved command of a signed type (fastpath.CLAIM_CHECKS):
+    # one whose contract asks for an approval of this payload had its approval flag edited.
     contract = get_contract(type)
-    if contract is not None and contract.requires_approval(payload):
+    if type in signing.signed_types() and contract and contract.requires_approval(payload):
         return None, signing.Refusal(
             "its contract requires an approval of this payload, the row says none: the "
             "approval is not signed by the approver's key",

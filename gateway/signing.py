@@ -72,12 +72,46 @@ def signature_required(*, tenant: str, contract: EffectContract | None) -> bool:
     subject = f"{tenant}:{contract.type}"
     if any(fnmatch.fnmatchcase(subject, p) for p in settings.GATEWAY_SIGNED_APPROVAL_WAIVERS):
         return False
-    classes = set(settings.GATEWAY_SIGNED_APPROVAL_CLASSES)
-    if contract.irreversible and "irreversible" in classes:
-        return True
-    if str(contract.effect_class) in classes:
+    if _class_requires(contract):
         return True
     return any(fnmatch.fnmatchcase(subject, p) for p in settings.GATEWAY_SIGNED_APPROVAL_REQUIRED)
+
+
+def _class_requires(contract: EffectContract) -> bool:
+    classes = set(settings.GATEWAY_SIGNED_APPROVAL_CLASSES)
+    return str(contract.effect_class) in classes or (
+        contract.irreversible and "irreversible" in classes
+    )
+
+
+def signed_types() -> list[str]:
+    """The types whose approvals need a signature in some tenant (a superset: a waiver only
+    narrows it). The fast claim leaves approved commands of these to the general claim,
+    which verifies the signature (gateway.fastpath.CLAIM_CHECKS). Read at every claim, so
+    kept per policy (tests change the settings)."""
+    from gateway.contracts import CONTRACTS
+
+    policy = (
+        tuple(settings.GATEWAY_SIGNED_APPROVAL_CLASSES),
+        tuple(settings.GATEWAY_SIGNED_APPROVAL_REQUIRED),
+        id(CONTRACTS),
+        len(CONTRACTS),
+    )
+    known = _signed_types.get(policy)
+    if known is None:
+        known = _signed_types[policy] = sorted(
+            type_
+            for type_, contract in CONTRACTS.items()
+            if _class_requires(contract)
+            or any(
+                fnmatch.fnmatchcase(type_, pattern.split(":", 1)[-1])
+                for pattern in settings.GATEWAY_SIGNED_APPROVAL_REQUIRED
+            )
+        )
+    return known
+
+
+_signed_types: dict[tuple[Any, ...], list[str]] = {}
 
 
 def effect_needs_signature(effect: Effect) -> bool:

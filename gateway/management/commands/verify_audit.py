@@ -21,10 +21,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gateway import audit_tree, checkpoints, signing
+from gateway import audit_tree, checkpoints
 from gateway.audit import seal_state, seal_tenant, verify_tenant
 from gateway.lib import treehead, witness
 from gateway.models import Tenant
+from gateway.signing import approval_problems
 
 
 def _load(path: str) -> Any:
@@ -202,12 +203,8 @@ class Command(BaseCommand):
                     broken += 1
                     self.stdout.write(f"{label}: BROKEN: {verdict.reason}")
         for item in tenants:
-            for problem in audit_tree.leaf_problems(item.pk)[:20]:
-                broken += 1
-                self.stdout.write(f"{item.slug}: BROKEN: {problem}")
-            # Approvals that policy says are signed: each signature verifies against the
-            # approver's registered key and the command's digest (gateway.signing).
-            for problem in signing.approval_problems(item.pk):
+            # The tree's leaves, and each signed approval against its key (gateway.signing).
+            for problem in [*audit_tree.leaf_problems(item.pk)[:20], *approval_problems(item.pk)]:
                 broken += 1
                 self.stdout.write(f"{item.slug}: BROKEN: {problem}")
         broken += failed
