@@ -183,7 +183,11 @@ def test_a_signature_over_another_digest_is_refused_at_approval(signed_approvals
         f"/api/v1/effects/{effect['effect_id']}/approve",
         {
             "payload_digest": effect["payload_digest"],
-            "signature": {"nonce": challenge["nonce"], "key_id": key_id, "signature": key.sign(other)},
+            "signature": {
+                "nonce": challenge["nonce"],
+                "key_id": key_id,
+                "signature": key.sign(other),
+            },
         },
         format="json",
     )

@@ -27,14 +27,22 @@ UP, UV, AT = 0x01, 0x04, 0x40
 class SoftAuthenticator:
     origin: str = "http://localhost"
     rp_id: str = "localhost"
-    key: ec.EllipticCurvePrivateKey = field(default_factory=lambda: ec.generate_private_key(ec.SECP256R1()))
+    key: ec.EllipticCurvePrivateKey = field(
+        default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
+    )
     credential_id: bytes = field(default_factory=lambda: os.urandom(16))
     counter: int = 0
 
     def _cose_key(self) -> bytes:
         numbers = self.key.public_key().public_numbers()
         return cbor2.dumps(
-            {1: 2, 3: -7, -1: 1, -2: numbers.x.to_bytes(32, "big"), -3: numbers.y.to_bytes(32, "big")}
+            {
+                1: 2,
+                3: -7,
+                -1: 1,
+                -2: numbers.x.to_bytes(32, "big"),
+                -3: numbers.y.to_bytes(32, "big"),
+            }
         )
 
     def _client_data(self, kind: str, challenge: bytes, origin: str | None) -> bytes:
