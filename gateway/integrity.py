@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -162,7 +162,7 @@ def effect_refuse_tampered_claim(
             frozen=True,
             next_dispatch_at=None,
             lease_expires_at=None,
-            **{flag: True},
+            **cast(dict[str, Any], {flag: True}),  # mismatch or escalated
         )
         Attempt.objects.filter(pk=attempt_id, state=AttemptState.SENDING).update(
             state=AttemptState.FINISHED,

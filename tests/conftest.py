@@ -48,6 +48,9 @@ def pytest_collection_modifyitems(config, items):
 # (SSRF): allowed here, for this process and the workers it starts; tests of the refusal turn
 # it off again.
 os.environ.setdefault("GATEWAY_WEBHOOK_ALLOW_PRIVATE", "true")
+# The suite approves by digest alone (``_approvals_by_digest`` below), and so do the workers
+# and servers it starts, which would otherwise refuse to send those approvals unsigned.
+os.environ.setdefault("GATEWAY_SIGNED_APPROVAL_CLASSES", "none")
 
 
 @pytest.fixture(autouse=True)
