@@ -54,6 +54,7 @@ from gateway.lib import approval_challenge as ac
 from gateway.models import (
     ApprovalSignature,
     Effect,
+    EffectEvent,
     Principal,
     SigningChallenge,
     SigningKey,
@@ -526,6 +527,8 @@ def stored_signature_problem(effect: Effect) -> str:
         return "the signing key was never confirmed by another approver or an admin"
     if key.revoked_at is not None and key.revoked_at <= sig.created_at:
         return "the signing key was revoked before it signed"
+    if not _confirmation_chained(key):
+        return "the signing key's confirmation is not in the audit chain"
     expected = ac.challenge(
         tenant=effect.tenant.slug,
         effect_id=effect.pk,
@@ -537,6 +540,19 @@ def stored_signature_problem(effect: Effect) -> str:
         sig, key, expected, origins=_stored_origins(key, sig.client_data_json), rp_id=key.rp_id
     )
     return problem
+
+
+def _confirmation_chained(key: SigningKey) -> bool:
+    """Whether the tenant's audit chain holds the confirmation of this very public key: a
+    key row (or its confirmation) written in the database alone has none."""
+    return EffectEvent.objects.filter(
+        tenant_id=key.principal.tenant_id,
+        effect=None,
+        kind="signing_key_confirmed",
+        subject=f"signing-key:{key.pk}",
+        data__public_key=key_fingerprint(key),
+        data__credential_id=key.credential_id,
+    ).exists()
 
 
 def dispatch_refusal(effect: Effect, payload: dict[str, Any]) -> Refusal | None:

@@ -369,3 +369,40 @@ def test_revoked_just_before_the_submission_timestamp_is_refused(agent, sandbox)
         revoked_at=created - timedelta(milliseconds=1)
     )
     assert_refused_at_dispatch(effect_id, sandbox, kind="submitted_after_revocation")
+
+
+def test_a_key_row_confirmed_in_the_database_alone_is_refused_at_dispatch(
+    signed_approvals, agent, approver, admin, sandbox
+):
+    """The writer also fills in ``confirmed_by``: the audit chain has no confirmation of it."""
+    effect = agent.submit(refund(), "refund-1").json()
+    forge_approval(effect["effect_id"], approver)
+    rogue = MachineKey()
+    key = SigningKey.objects.create(
+        principal=approver.principal,
+        kind="ed25519",
+        credential_id="ed25519:rogue",
+        public_key=rogue.public,
+        confirmed_by=admin.principal,
+        confirmed_at=timezone.now(),
+    )
+    nonce = "n-3"
+    ApprovalSignature.objects.create(
+        effect_id=effect["effect_id"],
+        principal=approver.principal,
+        key=key,
+        decision="approve",
+        payload_digest=effect["payload_digest"],
+        nonce=nonce,
+        signature=rogue.sign(
+            ac.challenge(
+                tenant="acme",
+                effect_id=effect["effect_id"],
+                payload_digest=effect["payload_digest"],
+                decision="approve",
+                nonce=nonce,
+            )
+        ),
+    )
+    event = assert_refused_at_dispatch(effect["effect_id"], sandbox, kind="approval_unverified")
+    assert "not in the audit chain" in event.reason
