@@ -57,6 +57,12 @@ def test_enrol_confirm_approve_with_a_passkey_and_refuse_a_forged_row(
     assert live_server.url.startswith("http://localhost:")
     page = page_for(browser, live_server, "alice@acme")
     authenticator = with_virtual_authenticator(page)
+    # The ceremonies run from a static file: no page here breaks the CSP.
+    page.add_init_script(
+        "window.__violations = [];"
+        "document.addEventListener('securitypolicyviolation', e =>"
+        "  window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));"
+    )
 
     # Enrol: the passkey is pending until someone else confirms it.
     page.goto(f"{live_server.url}/passkeys")
@@ -87,6 +93,7 @@ def test_enrol_confirm_approve_with_a_passkey_and_refuse_a_forged_row(
     card.get_by_label("Digest you read").fill(digest)
     card.get_by_role("button", name="Approve with passkey").click()
     card.get_by_text("Now PREPARED: approved by alice").wait_for()
+    assert page.evaluate("window.__violations") == []
     stored = ApprovalSignature.objects.get(effect_id=effect.pk)
     assert stored.key_id == key.pk and stored.payload_digest == digest
     page.context.close()
