@@ -125,6 +125,8 @@ def effect_needs_signature(effect: Effect) -> bool:
 def _challenge_new(
     principal: Principal, purpose: str, *, effect_id: str = "", digest: str = ""
 ) -> SigningChallenge:
+    # The principal's expired challenges go with each new one: the table stays small.
+    SigningChallenge.objects.filter(principal=principal, expires_at__lt=timezone.now()).delete()
     return SigningChallenge.objects.create(
         nonce=secrets.token_urlsafe(32),
         principal=principal,

@@ -19,7 +19,15 @@ from django.utils import timezone
 
 from gateway import dispatcher, services
 from gateway.lib import approval_challenge as ac
-from gateway.models import ApiToken, ApprovalSignature, Command, Effect, EffectEvent, SigningKey
+from gateway.models import (
+    ApiToken,
+    ApprovalSignature,
+    Command,
+    Effect,
+    EffectEvent,
+    SigningChallenge,
+    SigningKey,
+)
 from reconciliation.models import Case
 from reconciliation.services import cases_open_for_flagged
 from tests.conftest import TICKET, Persona
@@ -166,6 +174,29 @@ def test_a_used_challenge_and_another_persons_key_are_refused(
     assert persona.client.post(url, body, format="json").status_code == 200
     # The nonce is spent: the same signature does not approve again (or elsewhere).
     assert persona.client.post(url, body, format="json").status_code in (403, 409)
+
+
+def test_an_expired_challenge_is_refused(signed_approvals, agent, machine):
+    persona, key, key_id = machine
+    effect = agent.submit(refund(), "refund-1").json()
+    challenge = challenge_for(persona, effect["effect_id"])
+    SigningChallenge.objects.filter(nonce=challenge["nonce"]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    response = persona.client.post(
+        f"/api/v1/effects/{effect['effect_id']}/approve",
+        {
+            "payload_digest": effect["payload_digest"],
+            "signature": {
+                "nonce": challenge["nonce"],
+                "key_id": key_id,
+                "signature": key.sign(ac.unb64url(challenge["challenge"])),
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 403 and "expired" in response.json()["detail"]
+    assert Effect.objects.get(pk=effect["effect_id"]).status == "AWAITING_APPROVAL"
 
 
 def test_a_signature_over_another_digest_is_refused_at_approval(signed_approvals, agent, machine):
