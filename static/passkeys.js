@@ -4,6 +4,8 @@
 // them between the page and navigator.credentials.
 (function () {
   "use strict";
+  if (window.egPasskeys) return; // loaded once per page, whatever swaps bring it again
+  window.egPasskeys = true;
 
   function toBytes(b64url) {
     var b64 = b64url.replace(/-/g, "+").replace(/_/g, "/");

@@ -130,3 +130,16 @@ def test_an_assertion_from_another_origin_is_refused(signed_approvals, alice, ro
     assert alice.htmx("post", f"/effects/{effect.pk}/approve", form).status_code == 403
     effect.refresh_from_db()
     assert effect.status == "AWAITING_APPROVAL"
+
+
+def test_the_effect_page_approves_with_a_passkey_too(signed_approvals, alice, root, bot):
+    authenticator = SoftAuthenticator(origin=ORIGIN, rp_id="testserver")
+    key = register(alice, authenticator)
+    root.client.post(f"/passkeys/{key.pk}/confirm")
+    effect = submit(bot.principal, BIG_REFUND)
+    page = alice.client.get(f"/effects/{effect.pk}").content.decode()
+    assert "Approve this digest with passkey" in page and "data-passkey-approve" in page
+    form = {**signed_form(alice, authenticator, effect), "view": "effect"}
+    assert alice.htmx("post", f"/effects/{effect.pk}/approve", form).status_code == 200
+    effect.refresh_from_db()
+    assert effect.status == "PREPARED" and effect.signatures.count() == 1
