@@ -69,7 +69,7 @@ from gateway.lib.vault import seal_bound
 from gateway.models import ApiToken, Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for, sender_of
-from gateway.signing import SignedDecision, approval_signature
+from gateway.signing import SignedDecision, approval_signature, signed_data
 from gateway.sweep import dispatch_sweep as dispatch_sweep
 
 logger = logging.getLogger(__name__)
@@ -403,7 +403,7 @@ def effect_approve(
             principal=principal,
             kind="approved",
             reason=comment or "approved",
-            data={"approved_digest": payload_digest},
+            data={"approved_digest": payload_digest, **signed_data(signature)},
             approval_state=ApprovalState.APPROVED,
             approved_by=principal,
             approved_digest=payload_digest,

@@ -488,6 +488,20 @@ def approval_signature(
     )
 
 
+def signed_data(signature: ApprovalSignature | None) -> dict[str, str]:
+    """What the approval's event (a link of the audit chain) records of its signature: the
+    key and a hash of the signed bytes, so that a signature swapped in later is seen."""
+    if signature is None:
+        return {}
+    signed = "\x00".join(
+        [signature.authenticator_data, signature.client_data_json, signature.signature]
+    )
+    return {
+        "signing_key": signature.key.credential_id,
+        "signature_sha256": hashlib.sha256(signed.encode()).hexdigest(),
+    }
+
+
 class Refusal(str):
     """Why dispatch refuses an effect, with how it is recorded: the event's kind and the flag
     that puts it in front of a human (``mismatch`` opens an owners' case; ``escalated`` too)."""

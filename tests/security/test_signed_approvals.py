@@ -148,6 +148,9 @@ def test_a_machine_approves_with_its_ed25519_key_and_the_effect_is_sent_once(
     assert response.status_code == 200, response.content
     stored = ApprovalSignature.objects.get(effect_id=effect["effect_id"])
     assert stored.payload_digest == effect["payload_digest"] and stored.key.kind == "ed25519"
+    # The approval's event, a link of the audit chain, names the key and hashes the signature.
+    approved = EffectEvent.objects.get(effect_id=effect["effect_id"], kind="approved")
+    assert approved.data["signing_key"] == key_id and len(approved.data["signature_sha256"]) == 64
     services.effect_dispatch(effect_id=effect["effect_id"], worker="test")
     assert len(sandbox.log()) == 1
     assert Effect.objects.get(pk=effect["effect_id"]).status == "CONFIRMED"
