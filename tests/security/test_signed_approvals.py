@@ -440,3 +440,13 @@ def test_a_key_row_confirmed_in_the_database_alone_is_refused_at_dispatch(
     )
     event = assert_refused_at_dispatch(effect["effect_id"], sandbox, kind="approval_unverified")
     assert "not in the audit chain" in event.reason
+
+
+def test_check_deploy_warns_when_passkeys_name_no_relying_party(settings):
+    from gateway.checks import passkeys_name_their_relying_party
+
+    settings.GATEWAY_SIGNED_APPROVAL_CLASSES = ["financial_write"]
+    settings.GATEWAY_WEBAUTHN_RP_ID = ""
+    assert [m.id for m in passkeys_name_their_relying_party()] == ["gateway.W003"]
+    settings.GATEWAY_WEBAUTHN_RP_ID = "gateway.example.com"
+    assert passkeys_name_their_relying_party() == []
