@@ -147,3 +147,20 @@ def providers_must_be_configured(
                 )
             )
     return messages
+
+
+@register(Tags.security, deploy=True)
+def passkeys_name_their_relying_party(app_configs=None, **kwargs):
+    """Signed approvals on, no RP id: passkeys belong to whatever host name a request used,
+    and one registered through another name (an IP address, an internal alias) signs nothing
+    on the public one (docs/guides/passkeys.md)."""
+    if not settings.GATEWAY_SIGNED_APPROVAL_CLASSES or settings.GATEWAY_WEBAUTHN_RP_ID:
+        return []
+    return [
+        Warning(
+            "Approvals are signed with passkeys but GATEWAY_WEBAUTHN_RP_ID is not set.",
+            hint="Set GATEWAY_WEBAUTHN_RP_ID to the console's host name and "
+            "GATEWAY_WEBAUTHN_ORIGINS to its origin (docs/guides/passkeys.md).",
+            id="gateway.W003",
+        )
+    ]

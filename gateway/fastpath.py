@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from gateway import hooks, trust
+from gateway import hooks, ledger, signing, trust
 from gateway.checkpoints import ReceiptFields, receipt_seal
 from gateway.choices import (
     DISPATCHABLE,
@@ -502,10 +502,12 @@ def _reserving(params: dict[str, Any]):
 # locked by ``old``) and the drainer's batch (``gateway.fastpath_batch``: the due effects
 # ``due`` picked and locked). ``claimed`` moves to DISPATCHING at ``fence + 1`` exactly those
 # rows of ``{locked}`` (effect_id, status) for which every dispatch check holds; each gets its
-# ``claimed`` event and its ``sending`` attempt. An approval must name this command's digest
-# (anything else: the general path refuses). No SQL comment in here: ``_compact`` puts the
-# statement on one line. Parameters: now, lease, budgets (``attempt_budgets``),
-# approved_after, actor, worker.
+# ``claimed`` event and its ``sending`` attempt. An approval must name this command's digest;
+# an approved command of a type whose approvals are signed (``signed_types``), or one that
+# came with an API token revoked before it was submitted, is the general path's: it verifies
+# the approval's signature and refuses the token (gateway.signing). No SQL comment in here:
+# ``_compact`` puts the statement on one line. Parameters: now, lease, budgets
+# (``attempt_budgets``), approved_after, signed_types, actor, worker.
 CLAIM_CHECKS = f"""
 c.effect_id = e.effect_id AND p.id = c.requested_by_id
 AND c.expires_at > %(now)s
@@ -514,7 +516,11 @@ AND NOT p.frozen
 AND c.saga_id = {NO_SAGA}
 AND (NOT c.approval_required OR e.approved_at > %(approved_after)s)
 AND (NOT c.approval_required OR (e.approval_state = {sql_literal(ApprovalState.APPROVED)}
-                                 AND e.approved_digest = c.payload_digest))
+                                 AND e.approved_digest = c.payload_digest
+                                 AND NOT %(signed_types)s::jsonb ? e.type))
+AND (c.submitted_with_id IS NULL OR NOT EXISTS (
+     SELECT 1 FROM gateway_apitoken t WHERE t.id = c.submitted_with_id
+        AND t.revoked_at <= c.created_at))
 AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                  WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
 AND (c.capability_id IS NULL OR EXISTS (
@@ -586,6 +592,7 @@ def claim_params(*, now, worker: str, budgets: str) -> dict[str, Any]:
         "lease": now + timedelta(seconds=settings.GATEWAY_DISPATCH_LEASE),
         "budgets": budgets,
         "approved_after": now - timedelta(seconds=settings.GATEWAY_APPROVAL_TTL),
+        "signed_types": _json(signing.signed_types()),
         "actor": worker_actor(worker),
         "worker": worker,
     }
@@ -804,3 +811,23 @@ def record(*, claim: FastClaim, result, worker: str, fields: dict, now) -> bool:
     written = prepared.fetchone(_RECORD, params)
     assert written is not None  # count(*): one row
     return written[0] == 1
+
+
+def log_claimed(claim: FastClaim, *, worker: str) -> None:
+    """The log line ``ledger.transition`` writes for the claim, for a fast claim."""
+    ledger.log_transition(
+        claim.effect_id,
+        from_status=claim.from_status,
+        to=EffectStatus.DISPATCHING,
+        actor=worker_actor(worker),
+    )
+
+
+def log_recorded(effect_id: str, result: Any, *, worker: str) -> None:
+    """The log line ``ledger.transition`` writes for the record, for a fast record."""
+    ledger.log_transition(
+        effect_id,
+        from_status=EffectStatus.DISPATCHING,
+        to=OUTCOME_STATUS[result.outcome],
+        actor=worker_actor(worker),
+    )

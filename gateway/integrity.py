@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import transaction
 from django.utils import timezone
 
-from gateway import audit, hooks, ledger
+from gateway import audit, hooks, ledger, signing
 from gateway.choices import ApprovalState
 from gateway.contracts import get_contract
 from gateway.lib.digest import payload_digest
@@ -58,6 +58,11 @@ def verified_payload(effect: Effect) -> tuple[dict[str, Any] | None, str]:
         return None, (
             f"the approval names digest {effect.approved_digest or 'none'}, the payload {digest}"
         )
+    # The approval's signature and the submitting token (gateway.signing): a refusal carries
+    # the event kind and flag it is recorded with.
+    refusal = signing.dispatch_refusal(effect, payload)
+    if refusal is not None:
+        return None, refusal
     return payload, ""
 
 
@@ -119,6 +124,16 @@ def verified_claimed_payload(
     found = payload_digest(type=type, resource=resource, payload=payload)
     if found != digest:
         return None, f"the sealed payload has digest {found}, the command {digest}"
+    # A fast claim is never of an approved command of a signed type (fastpath.CLAIM_CHECKS):
+    # one whose contract asks for an approval of this payload had its approval flag edited.
+    contract = get_contract(type)
+    if type in signing.signed_types() and contract and contract.requires_approval(payload):
+        return None, signing.Refusal(
+            "its contract requires an approval of this payload, the row says none: the "
+            "approval is not signed by the approver's key",
+            kind="approval_unverified",
+            flag="mismatch",
+        )
     return payload, ""
 
 
@@ -131,7 +146,8 @@ def effect_refuse_tampered_claim(
     from gateway.choices import AttemptState, EffectStatus, Outcome
     from gateway.models import Attempt
 
-    logger.error("payload tampered", extra={"effect_id": effect_id, "problem": problem})
+    kind, flag = _recorded_as(problem)
+    logger.error(kind.replace("_", " "), extra={"effect_id": effect_id, "problem": problem})
     reason = f"{problem}; frozen, never sent"
     with transaction.atomic():
         effect = Effect.objects.select_related("command").get(pk=effect_id)
@@ -139,14 +155,14 @@ def effect_refuse_tampered_claim(
             effect,
             to=EffectStatus.NOT_STARTED,
             actor=actor,
-            kind="payload_tampered",
+            kind=kind,
             reason=reason,
             expect_fence=fence,
             data={"payload_digest": effect.command.payload_digest},
             frozen=True,
-            mismatch=True,
             next_dispatch_at=None,
             lease_expires_at=None,
+            **cast(dict[str, Any], {flag: True}),  # mismatch or escalated
         )
         Attempt.objects.filter(pk=attempt_id, state=AttemptState.SENDING).update(
             state=AttemptState.FINISHED,
@@ -167,16 +183,18 @@ def effect_refuse_tampered(*, effect: Effect, problem: str, actor: str) -> None:
     puts it in the owners' queue (the reconciler opens a mismatch case for every flagged
     effect), and the ``mismatch_found`` listeners act as for any mismatch (a saga freezes).
     """
-    logger.error("payload tampered", extra={"effect_id": effect.pk, "problem": problem})
+    kind, flag = _recorded_as(problem)
+    logger.error(kind.replace("_", " "), extra={"effect_id": effect.pk, "problem": problem})
     audit.lock_chain(effect.tenant_id)  # chain head before the row (gateway.audit)
     Effect.objects.filter(pk=effect.pk, frozen=False).update(
-        frozen=True, mismatch=True, next_dispatch_at=None, updated_at=timezone.now()
+        frozen=True, next_dispatch_at=None, updated_at=timezone.now(), **{flag: True}
     )
-    effect.frozen = effect.mismatch = True
+    effect.frozen = True
+    setattr(effect, flag, True)
     reason = f"{problem}; frozen, never sent"
     ledger.append_event(
         effect,
-        kind="payload_tampered",
+        kind=kind,
         actor=actor,
         from_status=effect.status,
         to_status=effect.status,
@@ -185,3 +203,11 @@ def effect_refuse_tampered(*, effect: Effect, problem: str, actor: str) -> None:
     )
     for listener in hooks.mismatch_found:
         listener(effect, actor=actor, reason=reason)
+
+
+def _recorded_as(problem: str) -> tuple[str, str]:
+    """The event kind and the effect flag a refusal is recorded with: a tampered payload by
+    default, or what a ``signing.Refusal`` says (a forged approval, a revoked token)."""
+    if isinstance(problem, signing.Refusal):
+        return problem.kind, problem.flag
+    return "payload_tampered", "mismatch"

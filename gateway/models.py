@@ -314,6 +314,11 @@ class Command(models.Model):
         related_name="compensations",
         db_index=False,
     )
+    # The API token it was submitted with (None: the console, the CLI, a saga, a
+    # compensation). Dispatch refuses a command submitted after that token's revocation.
+    submitted_with = models.ForeignKey(
+        ApiToken, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     # The saga run and step this command belongs to (sagas app); None for a lone command.
     saga_id = models.CharField(max_length=32, blank=True, default="")
     saga_step = models.CharField(max_length=100, blank=True)
@@ -741,3 +746,83 @@ class LedgerRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.series} {self.key} {self.start:%Y-%m-%d %H:%M} +{self.width}m"
+
+
+class SigningKey(models.Model):
+    """A key that signs approvals: a person's passkey (WebAuthn) or a machine's Ed25519 key.
+
+    A passkey signs only once another approver or an admin confirmed it; a machine key is
+    registered, and so confirmed, by an admin. Registration and confirmation are control
+    events of the tenant's audit chain."""
+
+    class Kind(models.TextChoices):
+        PASSKEY = "passkey"
+        ED25519 = "ed25519"
+
+    principal = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="signing_keys")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    name = models.CharField(max_length=100, blank=True)
+    # WebAuthn: the credential id (base64url); Ed25519: the key's fingerprint.
+    credential_id = models.CharField(max_length=1400, unique=True)
+    # WebAuthn: the COSE public key; Ed25519: the raw 32-byte key (both base64url).
+    public_key = models.TextField()
+    sign_count = models.BigIntegerField(default=0)
+    # The WebAuthn relying party id the passkey was registered for ("" for a machine key).
+    rp_id = models.CharField(max_length=253, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    confirmed_by = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=["passkey", "ed25519"]), name="signing_key_kind_valid"
+            ),
+            # Nobody confirms their own key.
+            models.CheckConstraint(
+                condition=~Q(confirmed_by=F("principal")), name="signing_key_not_self_confirmed"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name or self.credential_id[:12]} of {self.principal}"
+
+
+class SigningChallenge(models.Model):
+    """A one-use server nonce with a short expiry: a passkey registration's challenge, or the
+    nonce that an approval challenge (gateway.lib.approval_challenge) binds."""
+
+    nonce = models.CharField(max_length=64, primary_key=True)
+    principal = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="+")
+    purpose = models.CharField(max_length=16)  # "register" | "approve" | "reject"
+    effect_id = models.CharField(max_length=32, blank=True)
+    payload_digest = models.CharField(max_length=71, blank=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.purpose} challenge of {self.principal}"
+
+
+class ApprovalSignature(models.Model):
+    """The signature an approver's key gave over an approval challenge, stored with the
+    approval and verified again at dispatch and by ``verify_audit``."""
+
+    effect = models.ForeignKey(Effect, on_delete=models.PROTECT, related_name="signatures")
+    principal = models.ForeignKey(Principal, on_delete=models.PROTECT, related_name="+")
+    key = models.ForeignKey(SigningKey, on_delete=models.PROTECT, related_name="signatures")
+    decision = models.CharField(max_length=16)
+    payload_digest = models.CharField(max_length=71)
+    nonce = models.CharField(max_length=64)
+    # WebAuthn: the assertion as the authenticator gave it (base64url); Ed25519: signature only.
+    authenticator_data = models.TextField(blank=True)
+    client_data_json = models.TextField(blank=True)
+    signature = models.TextField()
+    sign_count = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.decision} of {self.effect_id} by {self.principal}"

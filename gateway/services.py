@@ -49,6 +49,8 @@ from gateway.errors import (
     NotPermitted,
     ValidationProblem,
 )
+from gateway.fastpath import log_claimed as log_claimed
+from gateway.fastpath import log_recorded as log_recorded
 from gateway.integrity import (
     effect_refuse_tampered,
     effect_refuse_tampered_claim,
@@ -63,10 +65,11 @@ from gateway.ledger import redact as redact
 from gateway.lib.digest import payload_digest
 from gateway.lib.failpoints import failpoint
 from gateway.lib.vault import seal_bound
-from gateway.models import Attempt, Command, Effect, Principal, Receipt, new_effect_id
+from gateway.models import ApiToken, Attempt, Command, Effect, Principal, Receipt, new_effect_id
 from gateway.provider_credentials import SendAs, attempts_note_sender, claim_sender
 from gateway.providers.base import CallResult, ExecuteRequest
 from gateway.providers.registry import adapter_for
+from gateway.signing import SignedDecision, approval_signature, signed_data
 from gateway.sweep import dispatch_sweep as dispatch_sweep
 
 logger = logging.getLogger(__name__)
@@ -100,8 +103,10 @@ def command_submit(
     compensates: Command | None = None,
     saga_id: str | None = None,
     saga_step: str = "",
+    token: ApiToken | None = None,
 ) -> Submission:
     """Freeze a command and create its effect, or return the effect this key already names.
+    ``token``: the API token it came with (dispatch refuses it if that was revoked by then).
 
     Same key + same digest returns the existing effect (``created=False``), however many
     callers race: they collide on the (tenant, key) unique index, not on a prior SELECT.
@@ -120,6 +125,7 @@ def command_submit(
         compensates=compensates,
         saga_id=saga_id,
         saga_step=saga_step,
+        token=token,
     )
     if not submitted.created:
         for listener in hooks.command_replayed:
@@ -140,6 +146,7 @@ def _command_submit(
     compensates: Command | None,
     saga_id: str | None,
     saga_step: str,
+    token: ApiToken | None,
 ) -> Submission:
     ledger.validate_idempotency_key(idempotency_key, what="command")
     contract = get_contract(type) if isinstance(type, str) else None
@@ -162,7 +169,7 @@ def _command_submit(
         raise NotPermitted(f"Principal {principal.name} is frozen.")
     digest = payload_digest(type=contract.type, resource=resource, payload=payload)
     request = _Request(principal, contract, idempotency_key, digest, resource, payload, intent,
-                       context, expires_in)  # fmt: skip
+                       context, expires_in, token.pk if token else None)  # fmt: skip
     if compensates is None and not saga_id and fastpath.enabled():
         fast = _submit_fast(request)
         if fast is not None:
@@ -195,6 +202,7 @@ class _Request(NamedTuple):
     intent: Any
     context: Any
     expires_in: Any
+    token_id: int | None
 
     def rows(self, *, effect_id: str, capability_id: str | None, reserved: int, now, **saga):
         """The rows to write (``submission.new_rows``), the payload sealed and redacted."""
@@ -210,6 +218,7 @@ class _Request(NamedTuple):
             intent=self.intent,
             context=self.context,
             expires_in=self.expires_in,
+            token_id=self.token_id,
             # Bound to this command: a ciphertext copied from another row won't open.
             sealed=seal_bound(
                 self.payload, bound_to=payload_binding(effect_id=effect_id, digest=digest)
@@ -364,9 +373,15 @@ def _not_awaiting_approval(effect: Effect) -> InvalidTransition:
 
 
 def effect_approve(
-    *, effect: Effect, principal: Principal, payload_digest: str, comment: str = ""
+    *,
+    effect: Effect,
+    principal: Principal,
+    payload_digest: str,
+    comment: str = "",
+    signed: SignedDecision | None = None,
 ) -> Effect:
-    """Approve exactly the digest the approver read; never the requester, never an agent."""
+    """Approve exactly the digest the approver read; never the requester, never an agent.
+    Where policy says so, only with ``signed``: the approver's key over the digest."""
     ledger.require_role(principal, APPROVER_ROLES, "approve commands")
     if effect.command.requested_by_id == principal.pk:
         raise NotPermitted("The requester of a command cannot approve it.")
@@ -380,6 +395,7 @@ def effect_approve(
         )
     now = timezone.now()
     with transaction.atomic():
+        signature = approval_signature(effect=effect, principal=principal, signed=signed)
         if effect.status != S.AWAITING_APPROVAL or not ledger.transition(
             effect,
             to=S.PREPARED,
@@ -387,7 +403,7 @@ def effect_approve(
             principal=principal,
             kind="approved",
             reason=comment or "approved",
-            data={"approved_digest": payload_digest},
+            data={"approved_digest": payload_digest, **signed_data(signature)},
             approval_state=ApprovalState.APPROVED,
             approved_by=principal,
             approved_digest=payload_digest,
@@ -396,6 +412,8 @@ def effect_approve(
         ):
             effect.refresh_from_db()
             raise _not_awaiting_approval(effect)
+        if signature is not None:
+            signature.save()
         ledger.enqueue_dispatch(effect.pk)
     return effect
 
@@ -913,26 +931,6 @@ def fast_record_general(claim: fastpath.FastClaim, result: CallResult, *, worker
     of a compensation, a saga step or a webhook endpoint."""
     general = Claim(claim.effect_id, claim.fence, claim.attempt_id, claim.attempt_number)
     effect_record_outcome(claim=general, result=result, worker=worker)
-
-
-def log_claimed(claim: fastpath.FastClaim, *, worker: str) -> None:
-    """The log line ``ledger.transition`` writes for the claim, for a fast claim."""
-    ledger.log_transition(
-        claim.effect_id,
-        from_status=claim.from_status,
-        to=S.DISPATCHING,
-        actor=ledger.worker_actor(worker),
-    )
-
-
-def log_recorded(effect_id: str, result: CallResult, *, worker: str) -> None:
-    """The log line ``ledger.transition`` writes for the record, for a fast record."""
-    ledger.log_transition(
-        effect_id,
-        from_status=S.DISPATCHING,
-        to=OUTCOME_STATUS[result.outcome],
-        actor=ledger.worker_actor(worker),
-    )
 
 
 def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallResult) -> CallResult:

@@ -656,6 +656,52 @@ GATEWAY_APPROVAL_TTL = env_number(
     doc="Seconds an approval stays good for its one command: dispatched later, it is asked again.",
 )
 
+env_section("Signed approvals")
+GATEWAY_SIGNED_APPROVAL_CLASSES = [
+    name
+    for name in env_list(
+        "GATEWAY_SIGNED_APPROVAL_CLASSES",
+        ["financial_write", "irreversible"],
+        doc="Effect classes whose approvals must be signed by the approver's own key (a "
+        "passkey, or a machine's Ed25519 key): contract `effect_class` values, and "
+        "`irreversible` for contracts that declare it; `none`: no class.",
+    )
+    if name != "none"
+]
+GATEWAY_SIGNED_APPROVAL_REQUIRED = env_list(
+    "GATEWAY_SIGNED_APPROVAL_REQUIRED",
+    [],
+    doc="`tenant:type` patterns (fnmatch, e.g. `acme:deployment.*`) whose approvals must be "
+    "signed although their class need not be.",
+)
+GATEWAY_SIGNED_APPROVAL_WAIVERS = env_list(
+    "GATEWAY_SIGNED_APPROVAL_WAIVERS",
+    [],
+    doc="`tenant:type` patterns (fnmatch, e.g. `sandbox:billing.*`) whose approvals need no "
+    "signature although their class does: kept out of the database, so that a writer of it "
+    "cannot waive a signature.",
+)
+GATEWAY_WEBAUTHN_RP_ID = env_str(
+    "GATEWAY_WEBAUTHN_RP_ID",
+    "",
+    doc="The WebAuthn relying party id passkeys are registered for: the console's host name "
+    "(`gateway.example.com`). Empty: the host name of the request, which is `localhost` in "
+    "development and tests (browsers refuse an IP address such as 127.0.0.1 as an RP id: "
+    "open the console at http://localhost:PORT to use passkeys).",
+)
+GATEWAY_WEBAUTHN_ORIGINS = env_list(
+    "GATEWAY_WEBAUTHN_ORIGINS",
+    [],
+    doc="Origins a passkey ceremony may come from (`https://gateway.example.com`), "
+    "comma-separated. Empty: the request's own origin when the passkey signs, and at "
+    "dispatch the origin the stored assertion names if its host is the key's RP id.",
+)
+GATEWAY_SIGNING_CHALLENGE_TTL = env_number(
+    "GATEWAY_SIGNING_CHALLENGE_TTL",
+    300,
+    doc="Seconds a passkey registration or approval challenge (its server nonce) stays usable.",
+)
+
 env_section("The API and tokens")
 GATEWAY_MAX_WAIT = env_number(
     "GATEWAY_MAX_WAIT", 30, doc="The longest `?wait=` long poll, in seconds."

@@ -73,10 +73,10 @@ def new_rows(
     compensates_id: str | None = None,
     saga_id: str = "",
     saga_step: str = "",
+    token_id: int | None = None,
 ) -> NewRows:
-    """The rows a submission writes: an approval-gated command waits (AWAITING_APPROVAL),
-    any other is PREPARED and due now. ``wait``: why it waits for an approver beyond the
-    contract's policy (``capabilities.approval_wait``: a person with no grant)."""
+    """The rows a submission writes: AWAITING_APPROVAL when gated (``wait``: why beyond the
+    contract's policy, ``capabilities.approval_wait``), else PREPARED and due now."""
     if wait is None and contract.requires_approval(payload):
         wait = "waiting for an approver: " + contract.approval.description
     needs_approval = wait is not None
@@ -103,6 +103,7 @@ def new_rows(
         "budget_amount": reserved,
         "approval_required": needs_approval,
         "compensates_id": compensates_id,
+        "submitted_with_id": token_id,  # dispatch refuses it if that was revoked by then
         "saga_id": saga_id,
         "saga_step": saga_step,
         "expires_at": now + timedelta(seconds=expires_in or DEFAULT_EXPIRES_IN),

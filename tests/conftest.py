@@ -48,6 +48,9 @@ def pytest_collection_modifyitems(config, items):
 # (SSRF): allowed here, for this process and the workers it starts; tests of the refusal turn
 # it off again.
 os.environ.setdefault("GATEWAY_WEBHOOK_ALLOW_PRIVATE", "true")
+# The suite approves by digest alone (``_approvals_by_digest`` below), and so do the workers
+# and servers it starts, which would otherwise refuse to send those approvals unsigned.
+os.environ.setdefault("GATEWAY_SIGNED_APPROVAL_CLASSES", "none")
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +67,21 @@ def _token_cache_off(settings):
 
     settings.GATEWAY_TOKEN_CACHE_TTL = 0
     trust.clear()
+
+
+@pytest.fixture(autouse=True)
+def _approvals_by_digest(settings):
+    """The product signs approvals of financial and irreversible types by default
+    (gateway.signing); the suite approves by digest alone unless a test asks for the policy
+    (the ``signed_approvals`` fixture, tests/security/test_signed_approvals.py and the
+    browser's passkey flow)."""
+    settings.GATEWAY_SIGNED_APPROVAL_CLASSES = []
+
+
+@pytest.fixture
+def signed_approvals(settings):
+    """The shipped policy: financial writes and irreversible types need a signed approval."""
+    settings.GATEWAY_SIGNED_APPROVAL_CLASSES = ["financial_write", "irreversible"]
 
 
 @pytest.fixture(autouse=True)

@@ -201,6 +201,7 @@ def submit(request: HttpRequest) -> HttpResponse:
             intent=fields.get("intent"),
             context=fields.get("context"),
             expires_in=fields.get("expires_in"),
+            token=caller.auth,
         )
         body = _effect_body(caller.principal, submission.effect)
     except Exception as exc:

@@ -35,9 +35,39 @@ class CommandSubmitSerializer(serializers.Serializer):
     )
 
 
+class SignatureSerializer(serializers.Serializer):
+    """A key's signature over an approval challenge (each value base64url)."""
+
+    nonce = serializers.CharField(max_length=64)
+    key_id = serializers.CharField(
+        max_length=1400, help_text="The passkey's credential id, or the machine key's fingerprint."
+    )
+    signature = serializers.CharField(max_length=2000)
+    authenticator_data = serializers.CharField(max_length=4000, required=False, allow_blank=True)
+    client_data_json = serializers.CharField(max_length=8000, required=False, allow_blank=True)
+    user_handle = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
 class ApproveSerializer(serializers.Serializer):
     payload_digest = serializers.CharField(max_length=80)
     comment = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    signature = SignatureSerializer(required=False)
+
+
+class ApprovalChallengeRequestSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"], required=False)
+
+
+class ApprovalChallengeSerializer(serializers.Serializer):
+    nonce = serializers.CharField()
+    challenge = serializers.CharField(help_text="The 32 bytes to sign, base64url.")
+    tenant = serializers.CharField()
+    effect_id = serializers.CharField()
+    payload_digest = serializers.CharField()
+    decision = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    credential_ids = serializers.ListField(child=serializers.CharField())
+    rp_id = serializers.CharField(allow_null=True)
 
 
 class ReasonSerializer(serializers.Serializer):

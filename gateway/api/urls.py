@@ -14,12 +14,14 @@ from gateway.api.provider_credentials import (
     ProviderCredentialRotateView,
     ProviderCredentialsView,
 )
+from gateway.api.signing_keys import SigningKeyViewSet
 from gateway.api.tokens import TokenViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("effects", views.EffectViewSet, basename="effect")
 router.register("capabilities", views.CapabilityViewSet, basename="capability")
 router.register("tokens", TokenViewSet, basename="token")
+router.register("signing-keys", SigningKeyViewSet, basename="signing-key")
 
 urlpatterns = [
     path("commands", views.CommandSubmitView.as_view(), name="command-submit"),

@@ -20,11 +20,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway import capabilities, fastpath, moves, selectors, services
+from gateway import capabilities, fastpath, moves, selectors, services, signing
 from gateway.agent_hooks import selectors as agent_hooks_selectors
 from gateway.api.auth import principal_of
 from gateway.api.inputs import idempotency_key_from, idempotency_key_parameter, valid_body
 from gateway.api.serializers import (
+    ApprovalChallengeRequestSerializer,
+    ApprovalChallengeSerializer,
     ApproveSerializer,
     AttemptSerializer,
     CapabilityGrantSerializer,
@@ -35,11 +37,12 @@ from gateway.api.serializers import (
     ReasonSerializer,
     ToolUseSerializer,
 )
+from gateway.api.signing_keys import signed_decision
 from gateway.api.waits import wait_slot
 from gateway.choices import ADMIN_ROLES, OPERATOR_ROLES, SETTLED, EffectStatus
 from gateway.contracts import CONTRACTS
 from gateway.errors import NotFound, NotPermitted, ValidationProblem
-from gateway.models import Capability, Effect, Principal
+from gateway.models import ApiToken, Capability, Effect, Principal
 
 
 class NewestFirst(CursorPagination):
@@ -95,6 +98,7 @@ class CommandSubmitView(APIView):
             intent=data.get("intent"),
             context=data.get("context"),
             expires_in=data.get("expires_in"),
+            token=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         if submission.created:
             return _effect_response(request, submission.effect, http.HTTP_201_CREATED)
@@ -221,7 +225,13 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
         effect = self.get_object()
         return Response(AttemptSerializer(selectors.effect_attempts(effect), many=True).data)
 
-    @extend_schema(request=ApproveSerializer, responses=EffectSerializer)
+    @extend_schema(
+        request=ApproveSerializer,
+        responses=EffectSerializer,
+        description="Approve the digest you read. Where policy says so (financial and "
+        "irreversible types by default), only with ``signature``: your registered key's "
+        "signature over a challenge from ``approval-challenge``.",
+    )
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
         effect = self.get_object()
@@ -231,8 +241,24 @@ class EffectViewSet(viewsets.ReadOnlyModelViewSet):
             principal=principal_of(request),
             payload_digest=body["payload_digest"],
             comment=body.get("comment", ""),
+            signed=signed_decision(body.get("signature"), request),
         )
         return _effect_response(request, effect)
+
+    @extend_schema(
+        request=ApprovalChallengeRequestSerializer,
+        responses=ApprovalChallengeSerializer,
+        description="A one-use challenge for your key to sign: SHA-256 of the RFC 8785 JSON "
+        "of tenant, effect id, payload digest, decision and nonce (docs/guides/passkeys.md).",
+    )
+    @action(detail=True, methods=["post"], url_path="approval-challenge")
+    def approval_challenge(self, request, pk=None):
+        effect = self.get_object()
+        body = valid_body(ApprovalChallengeRequestSerializer, request)
+        issued = signing.approval_challenge_issue(
+            principal=principal_of(request), effect=effect, decision=body.get("decision", "approve")
+        )
+        return Response(issued.as_data())
 
     @extend_schema(request=ReasonSerializer, responses=EffectSerializer)
     @action(detail=True, methods=["post"])

@@ -11,13 +11,13 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from gateway import selectors, services
+from gateway import selectors, services, signing
 from gateway.choices import APPROVER_ROLES, EffectStatus
 from gateway.console import extensions
 from gateway.console.base import ConsoleRequest, console_view, poll_token, render_polled, role_may
 from gateway.contracts import EffectContract, get_contract
 from gateway.integrity import payload_to_show
-from gateway.models import Effect, EffectTypeFreeze, Principal
+from gateway.models import Effect, EffectTypeFreeze, Principal, SigningKey
 from gateway.templatetags.console import money, since, until
 
 S = EffectStatus
@@ -43,6 +43,10 @@ class ApprovalCard:
     look_alikes: tuple[Effect, ...] = ()
     # Why the record failed verification (gateway.integrity), or "": nothing to decide then.
     unverified: str = ""
+    # Approving needs the approver's passkey (gateway.signing's policy), and whether the
+    # approver has a confirmed one to sign with.
+    passkey_required: bool = False
+    has_passkey: bool = False
 
 
 def plain_words(effect: Effect, contract: EffectContract | None, payload: dict) -> str:
@@ -147,12 +151,18 @@ def look_alikes(principal: Principal, effects: list[Effect]) -> dict[str, list[E
     return found
 
 
+def has_passkey(principal: Principal) -> bool:
+    """Whether ``principal`` has a confirmed, unrevoked passkey to sign approvals with."""
+    return signing.usable_keys(principal, SigningKey.Kind.PASSKEY).exists()
+
+
 def approval_card(
     principal: Principal,
     effect: Effect,
     *,
     blocked: dict[str, str] | None = None,
     alikes: dict[str, list[Effect]] | None = None,
+    with_passkey: bool | None = None,
 ) -> ApprovalCard:
     contract = get_contract(effect.type)
     # What the approver reads is the redaction of the sealed payload whose digest they sign,
@@ -178,6 +188,10 @@ def approval_card(
         live=live_promotion(principal, effect),
         look_alikes=tuple(alikes.get(effect.pk, ())),
         unverified=shown.problem,
+        passkey_required=signing.signature_required(
+            tenant=principal.tenant.slug, contract=contract
+        ),
+        has_passkey=has_passkey(principal) if with_passkey is None else with_passkey,
     )
 
 
@@ -198,7 +212,11 @@ def _approvals_context(request: ConsoleRequest) -> dict[str, Any]:
     page = page[:APPROVALS_PAGE_SIZE]
     blocked = blocked_reasons(principal, page)
     alikes = look_alikes(principal, page)
-    cards = [approval_card(principal, effect, blocked=blocked, alikes=alikes) for effect in page]
+    mine = has_passkey(principal)
+    cards = [
+        approval_card(principal, effect, blocked=blocked, alikes=alikes, with_passkey=mine)
+        for effect in page
+    ]
     return {
         "cards": cards,
         "count": summary["count"],

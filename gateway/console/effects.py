@@ -39,6 +39,7 @@ from gateway.console.base import (
     role_may,
 )
 from gateway.console.forms import ApproveForm, ReasonForm, RequiredReasonForm
+from gateway.console.passkeys import signed_from_form
 from gateway.console.selectors import CORRELATION_KEYS
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import NotFound
@@ -412,6 +413,7 @@ def _approve(request: ConsoleRequest, effect: Effect, data: dict[str, Any]) -> s
         principal=request.principal,
         payload_digest=data["payload_digest"],
         comment=data.get("comment", ""),
+        signed=signed_from_form(request, data),
     )
     effect.refresh_from_db()
     blocked = blocked_reasons(request.principal, [effect]).get(effect.pk)

@@ -21,6 +21,14 @@ class ApproveForm(forms.Form):
         help_text="Type or paste the payload digest shown above; it must be the command's.",
     )
     comment = forms.CharField(max_length=2000, required=False, widget=forms.Textarea)
+    # The passkey's assertion over the approval challenge (static/passkeys.js fills them in;
+    # gateway.signing verifies them), base64url each.
+    signature = forms.CharField(max_length=2000, required=False)
+    signature_nonce = forms.CharField(max_length=64, required=False)
+    signature_key_id = forms.CharField(max_length=1400, required=False)
+    signature_authenticator_data = forms.CharField(max_length=4000, required=False)
+    signature_client_data_json = forms.CharField(max_length=8000, required=False)
+    signature_user_handle = forms.CharField(max_length=200, required=False)
 
     def clean_payload_digest(self) -> str:
         return normalise_digest(self.cleaned_data["payload_digest"])

@@ -13,6 +13,7 @@ from gateway.console import (
     effects,
     exports,
     oauth,
+    passkeys,
     provider_credentials,
     providers,
     saved,
@@ -31,6 +32,17 @@ urlpatterns: list[URLPattern] = [
     path("approvals", approvals.approvals, name="approvals"),
     # Provider health, circuits, consoles and credentials (operators and admins).
     path("providers", providers.provider_list, name="providers"),
+    # Passkeys: registered by approvers, confirmed by another approver or an admin.
+    path("passkeys", passkeys.passkeys, name="passkeys"),
+    path("passkeys/options", passkeys.passkey_options, name="passkey-options"),
+    path("passkeys/register", passkeys.passkey_register, name="passkey-register"),
+    path("passkeys/<int:key_id>/confirm", passkeys.passkey_confirm, name="passkey-confirm"),
+    path("passkeys/<int:key_id>/revoke", passkeys.passkey_revoke, name="passkey-revoke"),
+    path(
+        "effects/<str:effect_id>/approval-challenge",
+        passkeys.approval_challenge,
+        name="approval-challenge",
+    ),
     path("effects/<str:effect_id>", effects.effect_detail, name="effect"),
     path("effects/<str:effect_id>/<slug:action>", effects.effect_action, name="effect-action"),
     # Freezes and capabilities (operators and admins).

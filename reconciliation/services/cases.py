@@ -105,6 +105,16 @@ def case_acknowledge(*, case: Case, principal: Principal, note: str = "") -> Cas
     return case
 
 
+# What the claim refused to send (gateway.integrity), by the event kind it recorded.
+REFUSED_AT_DISPATCH = {
+    "payload_tampered": "the stored payload is not the one approved (tampered); it was never sent",
+    "approval_unverified": "the approval is not signed by the approver's registered key "
+    "(forged or edited approval); it was never sent",
+    "submitted_after_revocation": "submitted with an API token after its revocation; it was "
+    "never sent",
+}
+
+
 def cases_open_for_flagged(*, limit: int = 200) -> int:
     """Open a case for every flagged effect (escalated or mismatched) that has none.
 
@@ -117,17 +127,17 @@ def cases_open_for_flagged(*, limit: int = 200) -> int:
         .exclude(cases__state__in=sorted(UNRESOLVED))
         .order_by("status_changed_at")[:limit]
     )
-    tampered = set(
+    refused = dict(
         EffectEvent.objects.filter(
-            effect_id__in=[effect.pk for effect in flagged], kind="payload_tampered"
-        ).values_list("effect_id", flat=True)
+            effect_id__in=[effect.pk for effect in flagged], kind__in=sorted(REFUSED_AT_DISPATCH)
+        ).values_list("effect_id", "kind")
     )
     for effect in flagged:
         # Refused at dispatch: PREPARED by the general claim, NOT_STARTED by the one-statement
         # claim (it claims before it opens the payload). Either way nothing was sent.
-        if effect.mismatch and effect.pk in tampered:
-            reason = CaseReason.MISMATCH
-            text = "the stored payload is not the one approved (tampered); it was never sent"
+        if effect.pk in refused:
+            reason = CaseReason.MISMATCH if effect.mismatch else CaseReason.ESCALATED
+            text = REFUSED_AT_DISPATCH[refused[effect.pk]]
         elif effect.mismatch:
             reason, text = CaseReason.MISMATCH, "the provider recorded something else"
         elif effect.status == S.NOT_STARTED:

@@ -152,6 +152,37 @@ def test_approval_flow_through_the_client(connect, agent, approver, sandbox, eag
     assert len(sandbox.operations(type="billing.refund.create")) == 1
 
 
+def test_a_machine_approves_with_its_ed25519_key_through_the_client(
+    connect, agent, admin, sandbox, eager_tasks, signed_approvals
+):
+    from gateway.lib.approval_challenge import unb64url
+    from tests.conftest import Persona
+    from tests.support.authenticator import MachineKey
+
+    machine, key = Persona("acme", "approve-bot", "approver"), MachineKey()
+    registered = admin.client.post(
+        "/api/v1/signing-keys",
+        {"principal": "approve-bot", "public_key": key.public},
+        format="json",
+    ).json()
+    bot, approver = connect(agent), connect(machine)
+    effect = bot.submit("billing.refund.create", ORDER, {**REFUND, "amount": 15_000}, key="big")
+    with pytest.raises(NotPermitted):
+        approver.approve(effect.effect_id, effect.payload_digest)  # unsigned: refused
+    challenge = approver.approval_challenge(effect.effect_id)
+    approver.approve(
+        effect.effect_id,
+        challenge["payload_digest"],
+        signature={
+            "nonce": challenge["nonce"],
+            "key_id": registered["credential_id"],
+            "signature": key.sign(unb64url(challenge["challenge"])),
+        },
+    )
+    assert bot.wait(effect.effect_id, timeout=10).status == "CONFIRMED"
+    assert len(sandbox.operations(type="billing.refund.create")) == 1
+
+
 def test_unknown_effect_is_not_found(connect, agent):
     with pytest.raises(NotFound):
         connect(agent).get("eff_DOESNOTEXIST")

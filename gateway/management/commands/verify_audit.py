@@ -25,6 +25,7 @@ from gateway import audit_tree, checkpoints
 from gateway.audit import seal_state, seal_tenant, verify_tenant
 from gateway.lib import treehead, witness
 from gateway.models import Tenant
+from gateway.signing import approval_problems
 
 
 def _load(path: str) -> Any:
@@ -202,9 +203,12 @@ class Command(BaseCommand):
                     broken += 1
                     self.stdout.write(f"{label}: BROKEN: {verdict.reason}")
         for item in tenants:
-            for problem in audit_tree.leaf_problems(item.pk)[:20]:
+            # The tree's leaves, and each signed approval against its key (gateway.signing).
+            for problem in [*audit_tree.leaf_problems(item.pk)[:20], *approval_problems(item.pk)]:
                 broken += 1
                 self.stdout.write(f"{item.slug}: BROKEN: {problem}")
         broken += failed
         if broken:
-            raise CommandError(f"{broken} broken chain(s), checkpoint(s) or tree check(s)")
+            raise CommandError(
+                f"{broken} broken chain(s), checkpoint(s), tree check(s) or approval(s)"
+            )

@@ -165,10 +165,22 @@ class AsyncGatewayClient:
         body = (await self._request("GET", "/api/v1/effect-types", params=params)).json()
         return [EffectType.from_json(item) for item in body.get("results", [])]
 
-    async def approve(self, effect_id: str, payload_digest: str, comment: str = "") -> Effect:
-        return await self._action(
-            effect_id, "approve", {"payload_digest": payload_digest, "comment": comment}
-        )
+    async def approve(
+        self,
+        effect_id: str,
+        payload_digest: str,
+        comment: str = "",
+        *,
+        signature: dict[str, str] | None = None,
+    ) -> Effect:
+        body: dict[str, Any] = {"payload_digest": payload_digest, "comment": comment}
+        if signature is not None:
+            body["signature"] = signature
+        return await self._action(effect_id, "approve", body)
+
+    async def approval_challenge(self, effect_id: str, decision: str = "approve") -> dict[str, Any]:
+        path = f"/api/v1/effects/{effect_id}/approval-challenge"
+        return (await self._request("POST", path, json={"decision": decision})).json()
 
     async def reject(self, effect_id: str, reason: str = "") -> Effect:
         return await self._action(effect_id, "reject", {"reason": reason})

@@ -185,11 +185,26 @@ class GatewayClient:
 
     # -- actions -------------------------------------------------------------------------
 
-    def approve(self, effect_id: str, payload_digest: str, comment: str = "") -> Effect:
-        """Approve exactly ``payload_digest`` (approver role; never the requester)."""
-        return self._action(
-            effect_id, "approve", {"payload_digest": payload_digest, "comment": comment}
-        )
+    def approve(
+        self,
+        effect_id: str,
+        payload_digest: str,
+        comment: str = "",
+        *,
+        signature: dict[str, str] | None = None,
+    ) -> Effect:
+        """Approve exactly ``payload_digest`` (approver role; never the requester). Where the
+        gateway's policy signs approvals, ``signature`` is ``{"nonce", "key_id",
+        "signature"}``: your registered key's signature over ``approval_challenge``."""
+        body: dict[str, Any] = {"payload_digest": payload_digest, "comment": comment}
+        if signature is not None:
+            body["signature"] = signature
+        return self._action(effect_id, "approve", body)
+
+    def approval_challenge(self, effect_id: str, decision: str = "approve") -> dict[str, Any]:
+        """A one-use challenge for your key to sign (``challenge``: 32 bytes, base64url)."""
+        path = f"/api/v1/effects/{effect_id}/approval-challenge"
+        return self._request("POST", path, json={"decision": decision}).json()
 
     def reject(self, effect_id: str, reason: str = "") -> Effect:
         return self._action(effect_id, "reject", {"reason": reason})
