@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -104,3 +105,145 @@ def strict_schemas(tools: list[Any]) -> str:
     problems = [p for tool in tools for p in strict_mode_problems(tool.inputSchema, tool.name)]
     assert problems == [], problems[:10]
     return f"{len(tools)} tools, 0 portability problems"
+
+
+def _approve_in_console(authorization_url: str, login: tuple[str, str], agent: str) -> str:
+    """What the admin does in a browser: open the URL, sign in, pick ``agent``, approve.
+    Answers the redirect the client's callback receives."""
+    import re
+
+    import httpx
+
+    with httpx.Client(trust_env=False, follow_redirects=False, timeout=30) as browser:
+        page = browser.get(authorization_url)
+        login_url = httpx.URL(authorization_url).join(page.headers["location"])
+        browser.get(login_url)
+        signed_in = browser.post(
+            login_url,
+            data={
+                "username": login[0],
+                "password": login[1],
+                "next": parse_qs(login_url.query.decode())["next"][0],
+                "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+            },
+        )
+        assert signed_in.status_code == 302, signed_in.text[-500:]
+        consent = browser.get(login_url.join(signed_in.headers["location"]))
+        field = r'<input type="hidden" name="([^"]+)" value="([^"]*)"'
+        hidden = dict(re.findall(field, consent.text))
+        offered = r'id="principal-(\d+)"[^>]*>\s*<label for="principal-\1"><strong>([^<]+)<'
+        agents = {name: pk for pk, name in re.findall(offered, consent.text)}
+        assert agent in agents, f"{agent} is not offered: {sorted(agents)}"
+        answer = browser.post(
+            consent.url,
+            data={**hidden, "allow": "on", "principal": agents[agent]},
+        )
+        assert answer.status_code == 302, answer.text[-500:]
+        return answer.headers["location"]
+
+
+def mcp_oauth(
+    url: str, run: str, operations: Callable[[str], list], *, login: tuple[str, str], agent: str
+) -> str:
+    """A remote MCP client that discovers the gateway's authorization server, registers,
+    gets a token with PKCE after the admin approves it in the console, and calls a tool."""
+    import anyio
+    import httpx
+    from mcp import ClientSession
+    from mcp.client.auth import OAuthClientProvider
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.auth import OAuthClientMetadata
+
+    callback = "http://127.0.0.1:9/callback"
+    port = int(os.environ.get("MCP_OAUTH_PORT", "8808"))
+    mcp_url = f"http://127.0.0.1:{port}/mcp"
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "effect_gateway_client.mcp_server"),
+            *("--transport", "streamable-http", "--port", str(port), "--gateway-url", url),
+        ],
+        env={k: v for k, v in os.environ.items() if k != "GATEWAY_TOKEN"},
+        stdin=subprocess.DEVNULL,
+    )
+    redirects: list[str] = []
+
+    class Memory:
+        tokens = client_info = None
+
+        async def get_tokens(self):
+            return self.tokens
+
+        async def set_tokens(self, tokens):
+            self.tokens = tokens
+
+        async def get_client_info(self):
+            return self.client_info
+
+        async def set_client_info(self, info):
+            self.client_info = info
+
+    async def redirect_handler(authorization_url: str) -> None:
+        redirects.append(
+            await anyio.to_thread.run_sync(_approve_in_console, authorization_url, login, agent)
+        )
+
+    async def callback_handler() -> tuple[str, str | None]:
+        query = parse_qs(urlsplit(redirects.pop()).query)
+        return query["code"][0], query.get("state", [None])[0]
+
+    provider = OAuthClientProvider(
+        server_url=mcp_url,
+        client_metadata=OAuthClientMetadata(
+            client_name=f"check_real_clients {run}",
+            redirect_uris=[callback],
+            grant_types=["authorization_code", "refresh_token"],
+            response_types=["code"],
+            token_endpoint_auth_method="none",
+        ),
+        storage=Memory(),
+        redirect_handler=redirect_handler,
+        callback_handler=callback_handler,
+    )
+    key = f"ticket.create:support:oauth-{run}:v1"
+    ticket = {
+        "idempotency_key": key,
+        "resource": {"type": "queue", "id": "support"},
+        "payload": {"title": f"remote MCP over OAuth {run}", "priority": "P3"},
+    }
+
+    async def main():
+        http = httpx.AsyncClient(trust_env=False, timeout=30, auth=provider)
+        async with (
+            http,
+            streamable_http_client(mcp_url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as client,
+        ):
+            await client.initialize()
+            first = await client.call_tool("ticket_create", ticket)
+            again = await client.call_tool("ticket_create", ticket)
+            return first, again
+
+    try:
+        _wait_for_port(port)
+        first, again = anyio.run(main)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert not first.isError, first.structuredContent
+    assert again.structuredContent["replayed"] is True
+    assert len(operations(key)) == 1
+    return f"discovery, registration, PKCE, console approval as {login[0]}; 2 calls = 1 operation"
+
+
+def _wait_for_port(port: int) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on port {port}")

@@ -568,6 +568,18 @@ def main() -> int:
         check("Claude Code CLI, headless, the docs' config verbatim")(
             check_agent_clients.claude_code_headless
         )(URL, agent_token, RUN, provider_operations)
+        check("Remote MCP with OAuth 2.1: the MCP SDK's own client flow")(
+            check_agent_clients.mcp_oauth
+        )(
+            URL,
+            RUN,
+            provider_operations,
+            login=(
+                os.environ.get("ADMIN_LOGIN", f"admin@{TENANT}"),
+                os.environ.get("ADMIN_PASSWORD", "admin-demo-pw"),
+            ),
+            agent=os.environ.get("AGENT_NAME", "demo-agent"),
+        )
         langgraph_two_threads(agent)
         langgraph_cancel(agent, operator, agent_name)
         langgraph_three_threads(agent, operator, agent_name)
