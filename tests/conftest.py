@@ -73,6 +73,17 @@ def _login_lockout_off(settings):
     settings.AXES_ENABLED = False
 
 
+@pytest.fixture(autouse=True)
+def _provider_protection_reset() -> Iterator[None]:
+    """Each test starts with every provider's circuit closed and nothing counted: the state
+    lives in Redis (gateway.providers.protection), which outlives a test's database."""
+    yield
+    from gateway.providers import protection
+
+    if protection.touched():
+        protection.reset()
+
+
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[SandboxServer]:
     server = SandboxServer(SandboxProvider(), port=0).start()

@@ -5,10 +5,13 @@ protection`` keeps the states in Redis (shared by every worker) or, while Redis 
 the process, and runs these rules on them; tests run the arithmetic on its own.
 
 **Rate limit** (``Rate``, "50/s"): the generic cell rate algorithm. One permit every
-``interval`` seconds, with a burst of a whole window (``count``) at once. The state is one
-number, the theoretical arrival time ``tat``: a permit is granted while ``tat - now`` stays
-within ``(count - 1) * interval``, and each permit granted moves ``tat`` on by ``interval``.
-Permits taken and not used (the claim found fewer effects) are given back by moving it back.
+``interval`` seconds (``per / count``), evenly spaced, so that no stretch of ``per`` seconds
+holds more than ``count`` sends, however the windows of the provider's own limiter fall. The
+state is one number, the theoretical arrival time ``tat``: a permit is granted while
+``tat - now`` stays within the tolerance (``(burst - 1) * interval``; a burst of one: none),
+and each permit granted moves ``tat`` on by ``interval``. Permits taken and not used (the
+claim found fewer effects) are given back by moving it back. What the console shows as the
+rate's use is counted per window of ``per`` seconds beside it (``window``).
 
 **Circuit breaker**: ``closed`` until ``failures`` answers in a row are failures to connect,
 5xx or no answer at all (``is_failure``); then ``open`` for ``open_seconds``; then the next
@@ -48,6 +51,7 @@ class Rate:
     count: int
     per: float
     text: str = ""
+    burst: int = 1  # sends that may go at once (1: evenly spaced, never two in an interval)
 
     @property
     def interval(self) -> float:
@@ -56,7 +60,7 @@ class Rate:
     @property
     def tolerance(self) -> float:
         """How far ahead of now ``tat`` may run: the burst, less the permit being granted."""
-        return (self.count - 1) * self.interval
+        return (self.burst - 1) * self.interval
 
 
 def parse_rate(text: str) -> Rate:
@@ -88,9 +92,15 @@ def rate_give_back(rate: Rate, tat: float, now: float, unused: int) -> float:
     return max(now, tat - unused * rate.interval)
 
 
-def rate_used(rate: Rate, tat: float, now: float) -> int:
-    """Permits of the current window already taken (0 to ``count``)."""
-    return min(rate.count, max(0, math.ceil((tat - now) / rate.interval - 1e-9)))
+def window_count(
+    rate: Rate, window: tuple[float, int] | list[float], now: float, add: int = 0
+) -> list[float]:
+    """The count of sends in the current window of ``per`` seconds, ``[start, used]``, with
+    ``add`` more (negative: given back). For show: the limit itself is ``tat``'s."""
+    start, used = (float(window[0]), int(window[1])) if window else (now, 0)
+    if now - start >= rate.per:
+        start, used = now, 0
+    return [start, max(0, used + add)]
 
 
 def rate_next_at(rate: Rate, tat: float) -> float:
@@ -127,6 +137,7 @@ class GateState:
     probe_until: float = 0.0  # a probe is out until then (half-open)
     paused_until: float = 0.0
     tat: dict[str, float] = field(default_factory=dict)  # rate key -> theoretical arrival
+    window: dict[str, list[float]] = field(default_factory=dict)  # rate key -> [start, used]
     leases: dict[str, float] = field(default_factory=dict)  # lease -> expires at
 
     @classmethod
@@ -141,6 +152,9 @@ class GateState:
             paused_until=float(data.get("paused_until", 0.0)),
             tat={str(k): float(v) for k, v in dict(data.get("tat", {})).items()},
             leases={str(k): float(v) for k, v in dict(data.get("leases", {})).items()},
+            window={
+                str(k): [float(v[0]), int(v[1])] for k, v in dict(data.get("window", {})).items()
+            },
         )
 
     def as_data(self) -> dict[str, Any]:
@@ -153,6 +167,7 @@ class GateState:
             "paused_until": self.paused_until,
             "tat": self.tat,
             "leases": self.leases,
+            "window": self.window,
         }
 
     def live_leases(self, now: float) -> int:
@@ -215,8 +230,9 @@ def admit(
     if policy.max_in_flight is not None:
         wanted = min(wanted, policy.max_in_flight - len(state.leases))
     if policy.rate is not None:
-        tat = state.tat.get(policy.rate_key, 0.0)
-        wanted, state.tat[policy.rate_key] = rate_take(policy.rate, tat, now, wanted)
+        key, rate = policy.rate_key, policy.rate
+        wanted, state.tat[key] = rate_take(rate, state.tat.get(key, 0.0), now, wanted)
+        state.window[key] = window_count(rate, state.window.get(key, []), now, max(wanted, 0))
     if wanted <= 0:  # hold_of looked at one permit: only a wanted of 0 gets here
         return Admission(0, hold=Hold(RATE, now))
     leases: tuple[str, ...] = ()
@@ -243,8 +259,9 @@ def give_back(
     for lease in leases:
         state.leases.pop(lease, None)
     if unused and policy.rate is not None and policy.rate_key in state.tat:
-        tat = state.tat[policy.rate_key]
-        state.tat[policy.rate_key] = rate_give_back(policy.rate, tat, now, unused)
+        key, rate = policy.rate_key, policy.rate
+        state.tat[key] = rate_give_back(rate, state.tat[key], now, unused)
+        state.window[key] = window_count(rate, state.window.get(key, []), now, -unused)
     if probe:
         state.probe_until = 0.0
 

@@ -412,7 +412,7 @@ def snapshot() -> dict[str, ProviderProtection]:
     for name in names:
         state, rules = states[name], policy(name)
         rate = rules.rate
-        tat = state.tat.get(rules.rate_key, 0.0)
+        window = gates.window_count(rate, state.window.get(rules.rate_key, []), now) if rate else []
         out[name] = ProviderProtection(
             provider=name,
             circuit=state.circuit,
@@ -420,7 +420,7 @@ def snapshot() -> dict[str, ProviderProtection]:
             consecutive_failures=state.failures,
             failures_to_open=rules.failures_to_open,
             rate_limit=rate.text if rate else "",
-            rate_used=gates.rate_used(rate, tat, now) if rate else 0,
+            rate_used=int(window[1]) if rate else 0,
             rate_capacity=rate.count if rate else None,
             in_flight=state.live_leases(now),
             max_in_flight=rules.max_in_flight,
@@ -430,10 +430,19 @@ def snapshot() -> dict[str, ProviderProtection]:
     return out
 
 
+def touched() -> bool:
+    """Whether this process has read or changed any provider's state."""
+    return bool(_seen or _stores.local.states)
+
+
 def reset(provider: str | None = None) -> None:
     """Forget the state of one provider (or all): a closed circuit, nothing counted. For an
     operator who knows the provider is back, and for tests."""
-    names = [provider] if provider else known_providers()
+    names = (
+        [provider]
+        if provider
+        else sorted(set(known_providers()) | set(_seen) | set(_stores.local.states))
+    )
     for name in names:
         _seen.pop(name, None)
         with _stores.local.lock:

@@ -33,7 +33,7 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "digest_mismatch": {"digest": None},
     "lookup_unreachable": {},
     "key_expired": {},
-    "reject": {"status": 400, "error": "business_rejected"},
+    "reject": {"status": 400, "error": "business_rejected", "retry_after": None},
     "fail": {"error": "operation_failed"},
 }
 FAULTS = frozenset(FAULT_PARAMS)
@@ -377,6 +377,8 @@ class SandboxProvider:
                 params = self._consume(faults["reject"], applied)
                 action, status = "reject", int(params["status"])
                 answer = {"error": params["error"]}
+                if params["retry_after"] is not None:  # a 429 or 409 that says when to come back
+                    headers["Retry-After"] = f"{params['retry_after']:g}"
             else:
                 op = self._commit(
                     provider=provider,
@@ -697,6 +699,8 @@ def _check_params(fault: str, params: dict[str, Any]) -> None:
             raise BadRequest("reject.status must be a 4xx status code")
         if not isinstance(params["error"], str):
             raise BadRequest("reject.error must be a string")
+        if params["retry_after"] is not None:
+            number("retry_after")
     elif fault == "fail":
         if not isinstance(params["error"], str):
             raise BadRequest("fail.error must be a string")
