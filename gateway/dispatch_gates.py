@@ -19,7 +19,7 @@ from django.db.models.functions import Greatest
 
 from gateway.choices import DISPATCHABLE
 from gateway.contracts import get_contract
-from gateway.models import Command, Effect
+from gateway.models import Effect
 from gateway.providers import protection
 from gateway.providers.base import CallResult
 from gateway.providers.gates import Hold
@@ -30,10 +30,17 @@ logger = logging.getLogger(__name__)
 def gated(effect_id: str, send: Callable[[], bool]) -> bool:
     """``send()`` (claim, call, record: True if it sent) if the effect's provider may take a
     call now; else leave the effect queued until the gate reopens, and return False."""
-    provider = Command.objects.filter(effect_id=effect_id).values_list("provider", flat=True)
-    name = provider.first()
-    if name is None:
+    row = (
+        Effect.objects.filter(pk=effect_id)
+        .values_list("command__provider", "type", "attempt_count")
+        .first()
+    )
+    if row is None:
         return send()  # no such effect: the claim says so
+    name, effect_type, attempts = row
+    contract = get_contract(effect_type)
+    if contract is not None and attempts >= contract.recovery.max_dispatch_attempts:
+        return send()  # its budget is spent: the claim hands it to a human, sends nothing
     view = protection.outlook([name])
     hold = view.held.get(name)
     if hold is None and name not in view.permits:

@@ -972,6 +972,7 @@ def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallRes
             f"{first.reason}; the provider's lookup by key finds no operation",
             http_status=first.http_status,
             error=first.error,
+            retry_after=first.retry_after,  # a 429's or 503's pause still stands
         )
     if lookup.status == LookupStatus.FOUND and lookup.operation is not None:
         found = classify_operation(
