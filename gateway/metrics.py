@@ -21,8 +21,8 @@ DISPATCH_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
-# Counted in the process that held the admission back: gateway_provider_held (protection).
-PROVIDER_HELD = protection.HELD
+# The admissions a gate refused, counted by the process it refused
+# (gateway_provider_held_total{provider,gate}), are gateway.providers.protection's HELD.
 
 
 class ProtectionCollector(Collector):

@@ -447,6 +447,7 @@ def reset(provider: str | None = None) -> None:
         _seen.pop(name, None)
         with _stores.local.lock:
             _stores.local.states.pop(name, None)
+    _stores.failed_at = -REST  # try Redis at once
     try:
         broker.client().delete(*[_key(name) for name in names])
     except redis.RedisError:
