@@ -456,12 +456,14 @@ def _lookups_held(claimed: list[str]) -> set[str]:
     nothing back."""
     if not claimed:
         return set()
-    providers = dict(Effect.objects.filter(pk__in=claimed).values_list("pk", "command__provider"))
     try:
-        view = protection.outlook(sorted(set(providers.values())))
+        view = protection.outlook()
     except Exception:
         logger.warning("provider gates unreadable; looking up anyway", exc_info=True)
         return set()
+    if not view.held:
+        return set()  # no provider held: no database round trip
+    providers = dict(Effect.objects.filter(pk__in=claimed).values_list("pk", "command__provider"))
     held: set[str] = set()
     for provider, gate in view.held.items():
         ids = [effect_id for effect_id, name in providers.items() if name == provider]

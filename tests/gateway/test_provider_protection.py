@@ -104,8 +104,10 @@ def test_the_breaker_holds_a_refusing_provider_then_one_probe_and_the_rest_drain
         first_open = protection.snapshot()["tickets"].since
         # A probe goes out after open_seconds, is refused, and opens the circuit again.
         wait_until(
-            lambda: (state := protection.snapshot()["tickets"]).circuit == OPEN
-            and state.since != first_open,
+            lambda: (
+                (state := protection.snapshot()["tickets"]).circuit == OPEN
+                and state.since != first_open
+            ),
             timeout=60,
             what="a refused probe to open the circuit again",
         )
@@ -117,9 +119,10 @@ def test_the_breaker_holds_a_refusing_provider_then_one_probe_and_the_rest_drain
         # Two failures open the circuit (a drain's second claim may have taken two at once),
         # then one probe per open period: the rest were never sent.
         assert tried < len(ids), tried
-        assert set(
-            Attempt.objects.filter(effect_id__in=ids).values_list("outcome", flat=True)
-        ) <= {Outcome.NOT_STARTED, None}
+        assert set(Attempt.objects.filter(effect_id__in=ids).values_list("outcome", flat=True)) <= {
+            Outcome.NOT_STARTED,
+            None,
+        }
         assert keys_at_provider(sandbox) == Counter()
 
         server = SandboxServer(sandbox, port=port).start()  # the provider is back
@@ -167,9 +170,7 @@ def test_a_retry_after_pauses_the_provider_for_every_worker(
     assert keys_at_provider(sandbox) == Counter(dict.fromkeys(provider_keys(ids), 1))
 
 
-def test_the_cap_on_calls_in_flight_holds_across_workers(
-    sandbox, agent, queue, tmp_path, settings
-):
+def test_the_cap_on_calls_in_flight_holds_across_workers(sandbox, agent, queue, tmp_path, settings):
     server = SandboxServer(sandbox).start()  # its own: the peak counted is this test's
     providers = {"tickets": {"max_in_flight": 2}}
     settings.GATEWAY_PROVIDERS = providers
