@@ -195,3 +195,32 @@ def test_the_cap_on_calls_in_flight_holds_across_workers(sandbox, agent, queue, 
     assert server.peak_in_flight("tickets") == 2
     assert keys_at_provider(sandbox) == Counter(dict.fromkeys(provider_keys(ids), 1))
     assert protection.snapshot()["tickets"].in_flight == 0  # every lease given back
+
+
+def test_a_rate_limit_is_shared_by_every_worker(sandbox, agent, queue, tmp_path, settings):
+    providers = {"tickets": {"rate_limit": "4/s"}}
+    settings.GATEWAY_PROVIDERS = providers
+    env = {**ENV, "GATEWAY_PROVIDERS": json.dumps(providers)}
+    beat = Celery("beat", queue, tmp_path / "beat.log", **env)
+    workers = [
+        Celery("worker", queue, tmp_path / f"worker{n}.log", pool="solo", **env) for n in (1, 2)
+    ]
+    try:
+        ids = submit_tickets(agent, 10, "paced")
+        wait_until(lambda: confirmed(ids), timeout=120, what="every effect confirmed")
+    finally:
+        for worker in workers:
+            worker.stop()
+        beat.stop()
+    sent = sorted(
+        datetime.fromisoformat(entry["at"])
+        for entry in sandbox.log(provider="tickets")
+        if entry["action"] == "commit"
+    )
+    assert len(sent) == len(ids)
+    # Evenly spaced across both workers: no second holds more than four sends (the sandbox
+    # stamps a send a little after the gateway's permit, hence the small allowance).
+    for index, start in enumerate(sent):
+        window = [at for at in sent[index:] if at < start + timedelta(seconds=0.95)]
+        assert len(window) <= 4, sent
+    assert keys_at_provider(sandbox) == Counter(dict.fromkeys(provider_keys(ids), 1))

@@ -183,3 +183,38 @@ def test_a_state_survives_its_round_trip_through_json():
     gates.admit(state, rules, 3.0, 2, ["a", "b"])
     gates.observe(state, rules, 3.5, [True], retry_after=2)
     assert GateState.from_data(state.as_data()) == state
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"rate_limit": "fast"}, "rate_limit 'fast' is not a rate"),
+        ({"rate_limit": 50}, "rate_limit 50 is not a rate"),
+        ({"max_in_flight": 0}, "max_in_flight must be a positive whole number"),
+        ({"max_in_flight": True}, "max_in_flight must be a positive whole number"),
+        ({"circuit": {"failures": 0}}, "circuit.failures must be a positive whole number"),
+        ({"circuit": {"open_seconds": -1}}, "circuit.open_seconds must be a positive number"),
+        ({"circuit": {"tries": 3}}, "circuit must be a JSON object with failures and open_seconds"),
+    ],
+)
+def test_the_start_up_check_names_a_bad_protection_setting(entry, problem):
+    from gateway.providers.config import entry_problems
+
+    assert any(problem in found for found in entry_problems("tickets", entry)), entry_problems(
+        "tickets", entry
+    )
+
+
+def test_an_entry_reads_its_protection():
+    from gateway.providers.config import parse_entry
+
+    entry = parse_entry(
+        "tickets",
+        {
+            "rate_limit": "600/min",
+            "max_in_flight": 4,
+            "circuit": {"failures": 3, "open_seconds": 9},
+        },
+    )
+    assert (entry.rate_limit.count, entry.rate_limit.per) == (600, 60.0)
+    assert (entry.max_in_flight, entry.circuit_failures, entry.circuit_open_seconds) == (4, 3, 9.0)
