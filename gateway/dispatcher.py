@@ -56,6 +56,15 @@ wanted to claim and every call thread was busy with other drainers' calls — un
 next answer or the next thread that comes free (a give-back wakes the drainers that found
 none). No loop of a drainer goes round without blocking or claiming.
 
+**Provider gates** (gateway.providers.protection) are asked before each claim statement,
+never after: a provider held back (a ``Retry-After`` pause, an open circuit) is left out of
+the claim; a provider with a rate, a cap or a probe to take gets a claim of its own, limited to
+what its gates granted, and the grants its claim did not use are given back; the rest of the
+slots claim every other provider's effects. Held effects stay due; the drainer threads of
+this process drain again when the earliest gate reopens (``_reopen``), and the dispatch sweep
+covers a worker that died meanwhile. A claimed effect's lease on its provider's cap is given
+back when its answer is recorded.
+
 **Crash safety** is the single dispatch's: each claim statement commits before any of its
 effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
 ``dispatch.after_call`` (for each answer, before its record) and ``dispatch.after_record``
