@@ -52,7 +52,7 @@ class ProtectionCollector(Collector):
         )
         yield GaugeMetricFamily(
             "gateway_provider_consecutive_failures",
-            "Failures in a row (no connection, no answer, 5xx) the breaker has counted.",
+            "Failures in a row (no connection, or a 5xx) the breaker has counted.",
             labels=["provider"],
         )
         yield GaugeMetricFamily(

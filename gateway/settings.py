@@ -479,12 +479,12 @@ GATEWAY_PROVIDER_TIMEOUT = env_number(
 GATEWAY_CIRCUIT_FAILURES = env_int(
     "GATEWAY_CIRCUIT_FAILURES",
     5,
-    doc="Failures in a row (no connection, no answer, or a 5xx) after which a provider's "
+    doc="Failures in a row (no connection, or a 5xx) after which a provider's "
     "circuit opens: no new sends until a probe succeeds. Effects wait; none fails for it.",
 )
 GATEWAY_CIRCUIT_OPEN_SECONDS = env_number(
     "GATEWAY_CIRCUIT_OPEN_SECONDS",
-    30,
+    10,
     doc="Seconds an open circuit stays open before one probe call is let through.",
 )
 # The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the

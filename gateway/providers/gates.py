@@ -13,8 +13,8 @@ and each permit granted moves ``tat`` on by ``interval``. Permits taken and not 
 claim found fewer effects) are given back by moving it back. What the console shows as the
 rate's use is counted per window of ``per`` seconds beside it (``window``).
 
-**Circuit breaker**: ``closed`` until ``failures`` answers in a row are failures to connect,
-5xx or no answer at all (``is_failure``); then ``open`` for ``open_seconds``; then the next
+**Circuit breaker**: ``closed`` until ``failures`` answers in a row are failures to connect
+or 5xx (``is_failure``); then ``open`` for ``open_seconds``; then the next
 admission takes the one probe (``half-open``): a success closes the circuit, a failure opens
 it again for as long. A probe whose call never answered (its worker died) is given up after
 its lease, and the next admission probes again. The breaker gates sends of effects not yet
@@ -116,7 +116,7 @@ class Policy:
     rate: Rate | None = None
     max_in_flight: int | None = None
     failures_to_open: int = 5
-    open_seconds: float = 30.0
+    open_seconds: float = 10.0
     lease_seconds: float = 60.0  # a lease (call in flight, probe) not given back expires
     rate_key: str = ""  # the provider, and its credential's fingerprint when it has one
 
@@ -267,11 +267,12 @@ def give_back(
 
 
 def is_failure(outcome: Outcome, http_status: int | None) -> bool:
-    """An answer the breaker counts against the provider: no connection or no answer at all
-    (not started or unknown without a status), or a 5xx. A 429 is the provider's own
-    pacing (``Retry-After``), a 4xx a refusal: answers, not failures."""
+    """An answer the breaker counts against the provider: a failure to connect (not started,
+    no status) or a 5xx. A connection lost after the request went out (unknown, no status)
+    is the reconciler's to settle, not a sign the provider is down; a 429 is its own pacing
+    (``Retry-After``), a 4xx a refusal: answers, not failures."""
     if http_status is None:
-        return outcome in (Outcome.NOT_STARTED, Outcome.UNKNOWN)
+        return outcome == Outcome.NOT_STARTED
     return http_status >= 500
 
 

@@ -70,15 +70,14 @@ _policies: dict[str, tuple[str, Policy]] = {}
 
 
 def _configuration(provider: str) -> str:
-    return json.dumps(
-        [
+    """What the provider's policy is made from (read at every claim: a repr, not JSON)."""
+    return repr(
+        (
             settings.GATEWAY_PROVIDERS.get(provider),
             settings.GATEWAY_CIRCUIT_FAILURES,
             settings.GATEWAY_CIRCUIT_OPEN_SECONDS,
             settings.GATEWAY_DISPATCH_LEASE,
-        ],
-        sort_keys=True,
-        default=str,
+        )
     )
 
 

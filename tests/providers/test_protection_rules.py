@@ -164,7 +164,7 @@ def test_a_failed_probe_opens_the_circuit_again_and_a_lost_one_is_given_up():
     ("outcome", "status", "failure"),
     [
         (Outcome.NOT_STARTED, None, True),  # connection refused
-        (Outcome.UNKNOWN, None, True),  # reset or timed out after sending
+        (Outcome.UNKNOWN, None, False),  # lost after sending: the reconciler's, not down
         (Outcome.UNKNOWN, 503, True),
         (Outcome.UNKNOWN, 500, True),
         (Outcome.UNKNOWN, 429, False),  # the provider's pacing: Retry-After, not a failure
