@@ -36,6 +36,10 @@ class GatewayConfig(AppConfig):
         hooks.after_transition.register(capabilities.capability_release_unsent)
         # The long polls waiting on an effect hear of its change after commit.
         hooks.after_transition.register(moves.after_transition)
+        # /metrics: the providers' circuits, calls in flight and rate use.
+        from gateway.metrics import register_collector
+
+        register_collector()
 
 
 def _reload_contracts(*, setting: str, **kwargs) -> None:

@@ -56,6 +56,15 @@ wanted to claim and every call thread was busy with other drainers' calls — un
 next answer or the next thread that comes free (a give-back wakes the drainers that found
 none). No loop of a drainer goes round without blocking or claiming.
 
+**Provider gates** (gateway.providers.protection) are asked before each claim statement,
+never after: a provider held back (a ``Retry-After`` pause, an open circuit) is left out of
+the claim; a provider with a rate, a cap or a probe to take gets a claim of its own, limited to
+what its gates granted, and the grants its claim did not use are given back; the rest of the
+slots claim every other provider's effects. Held effects stay due; the drainer threads of
+this process drain again when the earliest gate reopens (``_reopen``), and the dispatch sweep
+covers a worker that died meanwhile. A claimed effect's lease on its provider's cap is given
+back when its answer is recorded.
+
 **Crash safety** is the single dispatch's: each claim statement commits before any of its
 effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
 ``dispatch.after_call`` (for each answer, before its record) and ``dispatch.after_record``
@@ -79,12 +88,14 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from gateway import deadlines, fastpath, moves, services
-from gateway.fastpath_batch import Answer, BatchClaim, claim_batch, record_batch
+from gateway import deadlines, dispatch_gates, fastpath, moves, services
+from gateway.fastpath_batch import Answer, Batch, BatchClaim, claim_batch, record_batch
 from gateway.lib import broker
 from gateway.lib.failpoints import failpoint
 from gateway.lib.service_threads import ServiceThreads
 from gateway.provider_credentials import SendAs
+from gateway.providers import protection
+from gateway.providers.gates import Hold
 
 logger = logging.getLogger(__name__)
 
@@ -427,6 +438,8 @@ class _Drainer:
         self.last_claim = 0.0
         self.last_full = False
         self.sent = 0
+        # Claimed effects of gated providers -> (provider, lease, probe) until they answer.
+        self.leases: dict[str, tuple[str, str | None, bool]] = {}
 
     def _width(self) -> int:
         return min(self.limit, self.window.size)
@@ -473,7 +486,7 @@ class _Drainer:
         if last_chance and self.flag is not None:
             self.flag.clear()
         try:
-            batch = claim_batch(limit=slots, worker=self.worker, skip=self.skip)
+            batch = self._claim_gated(slots)
         except BaseException:
             self.pool.give(slots)
             raise
@@ -505,6 +518,58 @@ class _Drainer:
             # still out are recorded; new work gets a drainer of its own (its submission
             # found no flag).
             self.claiming = False
+
+    def _claim_gated(self, slots: int) -> Batch:
+        """Claim up to ``slots`` effects, within the providers' gates: first, for each
+        provider that grants only so many sends (a rate, a cap, a probe), what it granted,
+        with the unused grants given back; then, for the rest of the slots, effects of every
+        provider no gate restricts. A provider held back (paused, circuit open) is left out,
+        and the drainer threads drain again when it reopens (``_reopen``)."""
+        view = protection.outlook()
+        for provider, hold in view.held.items():
+            protection.note_held(provider, hold)
+            _reopen.note(hold.until)
+        claims: list[BatchClaim] = []
+        refused: list[str] = []
+        left = slots
+        for provider in view.permits:
+            if left <= 0:
+                break
+            permit = protection.admit(provider, left)
+            if isinstance(permit, Hold):
+                _reopen.note(permit.until)
+                continue
+            try:
+                batch = claim_batch(limit=permit.granted, worker=self.worker, skip=self.skip,
+                                    only=provider)  # fmt: skip
+            except BaseException:
+                permit.keep(0)
+                raise
+            permit.keep(len(batch.claims))
+            for index, claim in enumerate(batch.claims):
+                self.leases[claim.effect_id] = (provider, permit.lease(index), permit.probe)
+            claims += batch.claims
+            refused += batch.refused
+            left -= batch.picked
+        if left > 0:
+            batch = claim_batch(
+                limit=left, worker=self.worker, skip=self.skip, exclude=view.restricted
+            )
+            claims += batch.claims
+            refused += batch.refused
+        return Batch(claims, refused)
+
+    def _release(self, claims: list[BatchClaim]) -> None:
+        """Give back the leases (and a probe) of calls that answered or raised."""
+        by_provider: dict[str, tuple[list[str | None], bool]] = {}
+        for claim in claims:
+            held = self.leases.pop(claim.effect_id, None)
+            if held is not None:
+                leases, probe = by_provider.setdefault(held[0], ([], False))
+                leases.append(held[1])
+                by_provider[held[0]] = (leases, probe or held[2])
+        for provider, (leases, probe) in by_provider.items():
+            protection.release(provider, leases, probe=probe)
 
     def _mark_at_work(self) -> None:
         """Tell the dispatch sweep that this queue is being drained (``DueFlag.at_work``). A
@@ -547,7 +612,10 @@ class _Drainer:
         this drain; an error is logged, not raised, so one poison row cannot stop the drain."""
         self.skip.append(effect_id)
         try:
-            services.effect_dispatch_general(effect_id=effect_id, worker=self.worker)
+            dispatch_gates.gated(
+                effect_id,
+                lambda: services.effect_dispatch_general(effect_id=effect_id, worker=self.worker),
+            )
         except Exception:
             logger.exception("general dispatch failed", extra={"effect_id": effect_id})
 
@@ -600,6 +668,8 @@ class _Drainer:
                 answered.append(answer)
 
     def _record(self, answered: list[_Answer]) -> None:
+        if self.leases:
+            self._release([item.claim for item in answered if item.claim is not None])
         now = timezone.now()
         answers: list[Answer] = []
         for item in answered:
@@ -642,6 +712,37 @@ class _Drainer:
 
 
 # --- the drainer threads ----------------------------------------------------------------------
+
+
+class _Reopen:
+    """When the earliest provider gate that held a claim back reopens (epoch seconds), for
+    this process's drainer threads: the effects it held stay due and pushed no wake-up, so
+    the first drainer thread idle at that time drains again (and notes the next time, if a
+    gate still holds). A worker that dies with it leaves them to the dispatch sweep."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.lock = threading.Lock()
+
+    def note(self, at: float) -> None:
+        with self.lock:
+            self.at = at if self.at is None else min(self.at, at)
+
+    def wait_seconds(self, longest: float) -> float:
+        at = self.at
+        if at is None:
+            return longest
+        return min(longest, max(0.01, at - time.time()))
+
+    def take_if_due(self) -> bool:
+        with self.lock:
+            if self.at is None or self.at > time.time():
+                return False
+            self.at = None
+            return True
+
+
+_reopen = _Reopen()
 
 
 class _FailureStreak:
@@ -729,13 +830,14 @@ class Drainers(ServiceThreads):
         drains = _FailureStreak("a drain")
         while not self.stopping.is_set():
             try:
-                woken = self.flag.wait(client, self.WAIT_SECONDS)
+                woken = self.flag.wait(client, _reopen.wait_seconds(self.WAIT_SECONDS))
             except redis.RedisError:
                 self.stopping.wait(waits.failed())
                 continue
             # Back from an outage: the wake-ups of what was submitted meanwhile were never
-            # pushed (or died with Redis), so drain now rather than wait for the sweeper.
-            woken = woken or waits.count > 0
+            # pushed (or died with Redis), so drain now rather than wait for the sweeper. A
+            # provider gate reopening: what it held is due again.
+            woken = woken or waits.count > 0 or _reopen.take_if_due()
             waits.succeeded()
             if not woken:
                 # Idle for a while: give the database connection back (a worker's drainers
@@ -808,4 +910,7 @@ def _drain_general(flag: DueFlag | None, worker: str) -> int:
             continue
         for effect_id in batch:
             seen.append(effect_id)
-            sent += services.effect_dispatch_general(effect_id=effect_id, worker=worker)
+            sent += dispatch_gates.gated(
+                effect_id,
+                partial(services.effect_dispatch_general, effect_id=effect_id, worker=worker),
+            )

@@ -81,6 +81,8 @@ _DUE_WHERE = f"""
      AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                       WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
      AND e.effect_id <> ALL(%(skip)s::text[])
+     AND c.provider <> ALL(%(exclude)s::text[])
+     AND (%(only)s::text = '' OR c.provider = %(only)s::text)
    ORDER BY e.next_dispatch_at
    LIMIT %(limit)s
 """
@@ -126,11 +128,20 @@ class Batch:
 _budgets = cache(attempt_budgets)
 
 
-def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = ()) -> Batch:
+def claim_batch(
+    *,
+    limit: int,
+    worker: str,
+    skip: list[str] | tuple[str, ...] = (),
+    only: str = "",
+    exclude: list[str] | tuple[str, ...] = (),
+) -> Batch:
     """Claim up to ``limit`` due effects in one statement (autocommit: committed when it
-    returns). ``skip``: effects this drainer already handed to the general path."""
+    returns). ``skip``: effects this drainer already handed to the general path. ``only``:
+    effects of that provider alone; ``exclude``: none of these providers' (the ones a gate
+    of gateway.providers.protection holds back, or grants only so many sends)."""
     params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
-    params.update(limit=limit, skip=list(skip))
+    params.update(limit=limit, skip=list(skip), only=only, exclude=list(exclude))
     claims, refused = [], []
     for row in _execute(_CLAIM_BATCH, params):
         if row[10] is None:  # picked, not claimed
@@ -147,9 +158,13 @@ def claim_batch(*, limit: int, worker: str, skip: list[str] | tuple[str, ...] = 
 _DUE = _compact(f"SELECT e.effect_id {_DUE_WHERE}")
 
 
-def due_effect_ids(*, limit: int, skip: list[str] | tuple[str, ...] = ()) -> list[str]:
+def due_effect_ids(
+    *, limit: int, skip: list[str] | tuple[str, ...] = (), exclude: list[str] | tuple[str, ...] = ()
+) -> list[str]:
+    params: dict[str, Any] = {"now": timezone.now(), "limit": limit, "skip": list(skip)}
+    params.update(exclude=list(exclude), only="")
     with connection.cursor() as cursor:
-        cursor.execute(_DUE, {"now": timezone.now(), "limit": limit, "skip": list(skip)})
+        cursor.execute(_DUE, params)
         return [effect_id for (effect_id,) in cursor.fetchall()]
 
 

@@ -41,6 +41,7 @@ from gateway.choices import OPERATOR_ROLES as OPERATOR_ROLES
 from gateway.choices import SUBMITTER_ROLES as SUBMITTER_ROLES
 from gateway.compensating import compensation_plan
 from gateway.contracts import EffectContract, get_contract
+from gateway.dispatch_gates import gated, observe_answer
 from gateway.errors import (
     CompensationNotBuildable,
     DigestMismatch,
@@ -800,8 +801,12 @@ def execute_request(
 
 
 def effect_dispatch(*, effect_id: str, worker: str | None = None) -> bool:
-    """Claim, send once, record. False when there was nothing to send."""
+    """Claim, send once, record, unless the provider's gates hold it (gateway.dispatch_gates)."""
     worker = worker or worker_name()
+    return gated(effect_id, lambda: _effect_dispatch(effect_id, worker))
+
+
+def _effect_dispatch(effect_id: str, worker: str) -> bool:
     if fastpath.enabled():
         sent = _dispatch_fast(effect_id, worker)
         if sent is not None:
@@ -948,6 +953,7 @@ def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallRes
             f"{first.reason}; the provider's lookup by key finds no operation",
             http_status=first.http_status,
             error=first.error,
+            retry_after=first.retry_after,  # a 429's or 503's pause still stands
         )
     if lookup.status == LookupStatus.FOUND and lookup.operation is not None:
         found = classify_operation(
@@ -971,3 +977,4 @@ def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> N
     from gateway.metrics import DISPATCH_SECONDS
 
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
+    observe_answer(effect_type, result)  # the provider's circuit and Retry-After

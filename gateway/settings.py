@@ -476,6 +476,19 @@ if not all(isinstance(value, str) and value for value in GATEWAY_WEBHOOK_SECRETS
 GATEWAY_PROVIDER_TIMEOUT = env_number(
     "GATEWAY_PROVIDER_TIMEOUT", 10, doc="Seconds before a provider call counts as timed out."
 )
+# The circuit breaker of every provider (gateway.providers.protection); a GATEWAY_PROVIDERS
+# entry's "circuit" overrides them for its provider.
+GATEWAY_CIRCUIT_FAILURES = env_int(
+    "GATEWAY_CIRCUIT_FAILURES",
+    5,
+    doc="Failures in a row (no connection, or a 5xx) after which a provider's "
+    "circuit opens: no new sends until a probe succeeds. Effects wait; none fails for it.",
+)
+GATEWAY_CIRCUIT_OPEN_SECONDS = env_number(
+    "GATEWAY_CIRCUIT_OPEN_SECONDS",
+    10,
+    doc="Seconds an open circuit stays open before one probe call is let through.",
+)
 # The one-statement submission, claim and record of gateway.fastpath (PostgreSQL); off: the
 # general path for every effect (same rules, more round trips).
 GATEWAY_FAST_PATH = env_bool(

@@ -91,6 +91,19 @@ def _login_lockout_off(settings):
     settings.AXES_ENABLED = False
 
 
+@pytest.fixture(autouse=True)
+def _provider_protection_reset() -> Iterator[None]:
+    """Each test starts with every provider's circuit closed and nothing counted: the state
+    lives in Redis (gateway.providers.protection), which outlives a test's database. Reset
+    before the test, while the settings are the run's own (a test may point the broker
+    elsewhere until its ``settings`` are undone)."""
+    from gateway.providers import protection
+
+    if protection.touched():
+        protection.reset()
+    yield
+
+
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[SandboxServer]:
     server = SandboxServer(SandboxProvider(), port=0).start()

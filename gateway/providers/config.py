@@ -4,7 +4,12 @@ adapter, its base URL, its timeout, where its credential is kept, and the adapte
 One entry, in the setting's JSON object under the provider's name::
 
     {"adapter": "stripe", "base_url": "https://api.stripe.com", "timeout": 20,
-     "credential": {"env": "STRIPE_SECRET_KEY"}, "options": {"default_source": "tok_visa"}}
+     "credential": {"env": "STRIPE_SECRET_KEY"}, "options": {"default_source": "tok_visa"},
+     "rate_limit": "25/s", "max_in_flight": 8, "circuit": {"failures": 5, "open_seconds": 30}}
+
+``rate_limit``, ``max_in_flight`` and ``circuit`` protect the provider (gateway.providers.
+protection): every worker together sends at most that many calls per period, holds at most
+that many calls in flight, and stops sending after that many failures in a row.
 
 ``adapter`` is a built-in kind (``ADAPTER_KINDS``) or the dotted path of a factory taking a
 ``ProviderConfig``; left out, the provider's contract-module factory serves it if its pack has
@@ -31,6 +36,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from gateway.providers.base import ProviderConfig
+from gateway.providers.gates import Rate, parse_rate
 
 # Built-in adapter kinds -> the factory that builds one from a ProviderConfig. "rest" is the
 # declarative REST adapter (gateway.providers.rest), through ``rest_from_config``.
@@ -60,7 +66,11 @@ KIND_OPTIONS: dict[str, frozenset[str] | None] = {
         {"spec", "spec_file", "headers", "ca_certs", "credential_header", "credential_scheme"}
     ),
 }
-_KEYS = frozenset({"adapter", "base_url", "timeout", "credential", "options"})
+_KEYS = frozenset(
+    {"adapter", "base_url", "timeout", "credential", "options", "rate_limit", "max_in_flight",
+     "circuit"}
+)  # fmt: skip
+_CIRCUIT_KEYS = frozenset({"failures", "open_seconds"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,11 @@ class ProviderEntry:
     credential_env: str = ""
     credential_file: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Protection (gateway.providers.protection): None for "not limited" / "the default".
+    rate_limit: Rate | None = None
+    max_in_flight: int | None = None
+    circuit_failures: int | None = None
+    circuit_open_seconds: float | None = None
 
     @property
     def has_credential(self) -> bool:
@@ -181,12 +196,53 @@ def _entry_fields(name: str, raw: Any) -> tuple[ProviderEntry | None, list[str]]
         problems.append(f"provider {name!r}: options must be a JSON object")
     env, path, credential_problems = _credential_problems(name, raw.get("credential"))
     problems += credential_problems
+    protection, protection_problems = _protection_fields(name, raw)
+    problems += protection_problems
     if problems:
         return None, problems
     entry = ProviderEntry(
-        name, adapter.strip(), base_url.strip(), timeout, env, path, dict(options)
+        name, adapter.strip(), base_url.strip(), timeout, env, path, dict(options), **protection
     )
     return entry, []
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _protection_fields(name: str, raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The entry's ``rate_limit`` ("50/s"), ``max_in_flight`` (calls at once, across workers)
+    and ``circuit`` (``{"failures": 5, "open_seconds": 30}``), or their problems."""
+    fields: dict[str, Any] = {}
+    problems: list[str] = []
+    if raw.get("rate_limit") is not None:
+        try:
+            fields["rate_limit"] = parse_rate(raw["rate_limit"])
+        except ValueError as exc:
+            problems.append(f"provider {name!r}: rate_limit {exc}")
+    if raw.get("max_in_flight") is not None:
+        if _positive_int(raw["max_in_flight"]):
+            fields["max_in_flight"] = raw["max_in_flight"]
+        else:
+            problems.append(f"provider {name!r}: max_in_flight must be a positive whole number")
+    circuit = raw.get("circuit", {})
+    if not isinstance(circuit, dict) or set(circuit) - _CIRCUIT_KEYS:
+        problems.append(
+            f"provider {name!r}: circuit must be a JSON object with failures and open_seconds"
+        )
+        return fields, problems
+    if "failures" in circuit:
+        if _positive_int(circuit["failures"]):
+            fields["circuit_failures"] = circuit["failures"]
+        else:
+            problems.append(f"provider {name!r}: circuit.failures must be a positive whole number")
+    seconds = circuit.get("open_seconds")
+    if seconds is not None:
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+            fields["circuit_open_seconds"] = float(seconds)
+        else:
+            problems.append(f"provider {name!r}: circuit.open_seconds must be a positive number")
+    return fields, problems
 
 
 def entry_problems(name: str, raw: Any) -> list[str]:

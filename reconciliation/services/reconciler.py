@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +18,7 @@ from gateway.contracts import EffectContract, get_contract
 from gateway.errors import InvalidTransition, NotFound
 from gateway.models import Effect, Principal, Receipt
 from gateway.provider_credentials import lookup_credential
+from gateway.providers import protection
 from gateway.providers.base import CallResult, LookupResult, not_found_proves_not_started
 from gateway.providers.base import LookupStatus as ProviderLookupStatus
 from gateway.providers.http import classify_operation
@@ -432,7 +433,10 @@ def reconcile_next_batch(
         )
         if claimed:
             ledger.schedule_checks(claimed, hold)
+    held = _lookups_held(claimed)
     for index, effect_id in enumerate(claimed):
+        if effect_id in held:
+            continue
         if deadline is not None and time.monotonic() >= deadline:
             # Hand the rest back rather than leave it invisible until the hold runs out.
             ledger.schedule_checks(claimed[index:], timezone.now(), next_check_at=hold)
@@ -449,6 +453,31 @@ def reconcile_next_batch(
                 status__in=sorted(TO_RECONCILE),
             )
     return len(claimed)
+
+
+def _lookups_held(claimed: list[str]) -> set[str]:
+    """The claimed effects whose provider's circuit is open or that asked for a pause
+    (gateway.providers.protection): not asked now, their next lookup moved to when the gate
+    reopens, without spending a check of their budget on a provider known to be down. A
+    lookup never sends anything; only its schedule moves. A gate that cannot be read holds
+    nothing back."""
+    if not claimed:
+        return set()
+    try:
+        view = protection.outlook()
+    except Exception:
+        logger.warning("provider gates unreadable; looking up anyway", exc_info=True)
+        return set()
+    if not view.held:
+        return set()  # no provider held: no database round trip
+    providers = dict(Effect.objects.filter(pk__in=claimed).values_list("pk", "command__provider"))
+    held: set[str] = set()
+    for provider, gate in view.held.items():
+        ids = [effect_id for effect_id, name in providers.items() if name == provider]
+        at = datetime.fromtimestamp(gate.until, tz=UTC)
+        ledger.schedule_checks(ids, at, status__in=sorted(TO_RECONCILE))
+        held.update(ids)
+    return held
 
 
 def reconcile_due(*, time_budget: float | None = None, batch_size: int = 50) -> int:

@@ -22,7 +22,7 @@ without that setting only loopback may scrape (never in production).
 # The modules that define the product's metrics: imported here as the web process imports
 # them, so that the registry holds everything /metrics shows. A test fails on a module that
 # defines a metric and is missing here.
-METRIC_MODULES = ("gateway.metrics", "reconciliation.metrics")
+METRIC_MODULES = ("gateway.metrics", "gateway.providers.protection", "reconciliation.metrics")
 
 
 def _labels(metric: Metric, collector: Collector) -> list[str]:

@@ -43,6 +43,7 @@ from gateway.integrity import open_command_payload
 from gateway.lib.digest import sha256_digest
 from gateway.lib.vault import SealBroken
 from gateway.models import Command, Receipt
+from gateway.providers import protection
 
 PROJECT_APPS = ("gateway", "reconciliation", "sagas", "webhooks", "agent_hooks")
 PROJECT_LOGGERS = ("gateway", "reconciliation", "sagas")
@@ -134,6 +135,7 @@ def _run(scenario, clock: Clock, *, monkeypatch, sandbox) -> Outcome:
     fastpath.known_keys.clear()
     trust.clear()
     sandbox.reset()
+    protection.reset()  # the providers' circuits and limits (Redis), like the sandbox
     _deterministic_sandbox(monkeypatch)
     random.seed(31)  # the backoffs' jitter
     monkeypatch.setattr(timezone, "now", clock)

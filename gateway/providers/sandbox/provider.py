@@ -38,7 +38,7 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "reset_before_commit": {},
     "error_after_commit": {"status": 500},
     "throttle": {"retry_after": 1},
-    "reject": {"status": 400, "error": "business_rejected"},
+    "reject": {"status": 400, "error": "business_rejected", "retry_after": None},
     "fail": {"error": "operation_failed"},
 }
 FAULTS = frozenset(FAULT_PARAMS)
@@ -391,6 +391,8 @@ class SandboxProvider:
                 params = self._consume(faults["reject"], applied)
                 action, status = "reject", int(params["status"])
                 answer = {"error": params["error"]}
+                if params["retry_after"] is not None:  # a 429 or 409 that says when to come back
+                    headers["Retry-After"] = f"{params['retry_after']:g}"
             else:
                 op = self._commit(
                     provider=provider,
@@ -754,6 +756,8 @@ def _check_params(fault: str, params: dict[str, Any]) -> None:
             raise BadRequest("reject.status must be a 4xx status code")
         if not isinstance(params["error"], str):
             raise BadRequest("reject.error must be a string")
+        if params["retry_after"] is not None:
+            number("retry_after")
     elif fault in ("error_after_commit", "lookup_unavailable"):
         status = params["status"]
         if isinstance(status, bool) or not isinstance(status, int) or not 500 <= status <= 599:

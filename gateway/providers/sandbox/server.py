@@ -37,7 +37,16 @@ class _HTTPServer(ThreadingHTTPServer):
         self.stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        # Writes being handled now and the most at once, per provider: the oracle of a
+        # gateway's cap on calls in flight.
+        self.in_flight: dict[str, int] = {}
+        self.peak_in_flight: dict[str, int] = {}
         super().__init__(address, _Handler)
+
+    def count_write(self, provider: str, step: int) -> None:
+        with self._connections_lock:
+            now = self.in_flight[provider] = self.in_flight.get(provider, 0) + step
+            self.peak_in_flight[provider] = max(self.peak_in_flight.get(provider, 0), now)
 
     def track(self, connection: socket.socket, *, open: bool) -> None:
         with self._connections_lock:
@@ -105,16 +114,23 @@ class _Handler(BaseHTTPRequestHandler):
             and (segments[1] == "operations" or segments[1].startswith("_"))
         ):
             prefix, segments = segments[0], segments[1:]
+        write = method == "POST" and segments == ["operations"]
+        if write:  # from the request read to the last byte answered (a slow answer included)
+            self.server.count_write(prefix or DEFAULT_PROVIDER, 1)
         try:
-            reply = self._route(method, prefix, segments, query, body)
-        except BadRequest as exc:
-            reply = Reply(400, {"error": "bad_request", "detail": str(exc)})
-        except Exception as exc:
-            # A bug must not pass for a fault: a silently dropped connection would look like
-            # commit_then_drop to the gateway. Answer 500 and say so on stderr.
-            traceback.print_exc()
-            reply = Reply(500, {"error": "internal_error", "detail": repr(exc)})
-        self._send(reply)
+            try:
+                reply = self._route(method, prefix, segments, query, body)
+            except BadRequest as exc:
+                reply = Reply(400, {"error": "bad_request", "detail": str(exc)})
+            except Exception as exc:
+                # A bug must not pass for a fault: a silently dropped connection would look
+                # like commit_then_drop to the gateway. Answer 500 and say so on stderr.
+                traceback.print_exc()
+                reply = Reply(500, {"error": "internal_error", "detail": repr(exc)})
+            self._send(reply)
+        finally:
+            if write:
+                self.server.count_write(prefix or DEFAULT_PROVIDER, -1)
 
     def _route(
         self,
@@ -291,6 +307,10 @@ class SandboxServer:
         self._thread: threading.Thread | None = None
         self._serving = False
         self._closed = False
+
+    def peak_in_flight(self, provider_name: str) -> int:
+        """The most writes to ``provider_name`` this server handled at once."""
+        return self._httpd.peak_in_flight.get(provider_name, 0)
 
     def base_url(self, provider_name: str) -> str:
         return f"{self.url}/{provider_name}"
