@@ -1,12 +1,11 @@
 """``/providers`` (operators and admins): each provider's health over the last hour
-(``gateway.providers.health``, the same numbers as the triage queue's strip), its circuit and
-rate limit when ``gateway.providers.protection`` is installed, where its own console is, and
+(``gateway.providers.health``, the same numbers as the triage queue's strip), its circuit,
+rate limit and cap (``gateway.providers.protection``), where its own console is, and
 which credential the tenant's effects go out with (managed on ``/providers/<name>/credentials``).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +21,7 @@ from gateway.console.base import ConsoleRequest, console_view, poll_token, rende
 from gateway.contracts import CONTRACTS
 from gateway.errors import NotPermitted
 from gateway.models import ProviderCredential
+from gateway.providers import protection
 from gateway.providers.health import WINDOW, Channel, ProviderHealth, provider_health
 from gateway.templatetags.console import duration_label
 
@@ -129,43 +129,29 @@ def health_rows(health: dict[str, ProviderHealth]) -> list[HealthRow]:
 
 @dataclass(frozen=True)
 class Circuit:
-    """The protection module's view of one provider, in words ("not configured" without it)."""
+    """One provider's breaker, rate limit and cap (``gateway.providers.protection``), in words."""
 
     state: str
     detail: str
 
 
-def circuits() -> dict[str, Any] | None:
-    """``gateway.providers.protection.snapshot()`` when that module is installed, else None."""
-    try:
-        protection = importlib.import_module("gateway.providers.protection")
-    except ImportError:
-        return None
-    snapshot = getattr(protection, "snapshot", None)
-    return snapshot() if callable(snapshot) else None
-
-
-def circuit(snapshot: dict[str, Any] | None, provider: str) -> Circuit:
-    if snapshot is None:
-        return Circuit("not configured", "")
-    entry = snapshot.get(provider)
+def circuit(entry: protection.ProviderProtection | None) -> Circuit:
     if entry is None:
         return Circuit("not configured", "")
-    state = str(getattr(entry, "state", "") or "unknown")
     parts = []
-    since = getattr(entry, "since", None)
-    if isinstance(since, datetime):
-        parts.append(f"since {_clock(since)}")
-    paused = getattr(entry, "paused_until", None)
-    if isinstance(paused, datetime) and paused > timezone.now():
-        parts.append(f"paused until {_clock(paused)}")
-    cap, in_flight = getattr(entry, "cap", None), getattr(entry, "in_flight", None)
-    if cap:
-        parts.append(f"{in_flight or 0} / {cap} in flight")
-    limit, used = getattr(entry, "rate_limit", None), getattr(entry, "rate_used", None)
-    if limit:
-        parts.append(f"rate {used or 0} / {limit}")
-    return Circuit(state, " · ".join(parts))
+    if entry.since is not None:
+        parts.append(f"since {_clock(entry.since)}")
+    if entry.consecutive_failures:
+        parts.append(f"{entry.consecutive_failures} / {entry.failures_to_open} failures in a row")
+    if entry.paused_until is not None and entry.paused_until > timezone.now():
+        parts.append(f"paused until {_clock(entry.paused_until)} (Retry-After)")
+    if entry.max_in_flight:
+        parts.append(f"{entry.in_flight} / {entry.max_in_flight} in flight")
+    if entry.rate_capacity:
+        parts.append(f"rate {entry.rate_used} / {entry.rate_capacity} ({entry.rate_limit})")
+    if not entry.shared:
+        parts.append("this web process's view: Redis is not answering")
+    return Circuit(entry.circuit, " · ".join(parts))
 
 
 def console_home(provider: str) -> str:
@@ -219,12 +205,12 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
         )
     now = timezone.now()
     health = provider_health(principal.tenant_id, now=now)
-    snapshot = circuits()
+    snapshot = protection.snapshot()
     with_credential = sends_with(principal.tenant_id, sorted(health))
     rows: list[dict[str, Any]] = [
         {
             "health": row,
-            "circuit": circuit(snapshot, row.provider),
+            "circuit": circuit(snapshot.get(row.provider)),
             "console": console_home(row.provider),
             "credential": with_credential[row.provider],
             "types": sorted(c.type for c in CONTRACTS.values() if c.provider == row.provider),
@@ -233,7 +219,6 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
     ]
     context: dict[str, Any] = {
         "rows": rows,
-        "protection": snapshot is not None,
         "window": duration_label(WINDOW),
         "now": now,
         "view_name": "providers",

@@ -4,8 +4,6 @@ the page title and the nav badge; and the providers page."""
 from __future__ import annotations
 
 import re
-import sys
-import types
 from datetime import timedelta
 
 from django.utils import timezone
@@ -156,7 +154,7 @@ def test_providers_page_for_operators(oscar, alice, bot, monkeypatch):
     row = row[: row.index("</tr>")]
     assert 'data-label="Lookups" data-answering="no"' in row
     assert "100% of 2" in row
-    assert 'data-circuit="not configured"' in row
+    assert 'data-circuit="closed"' in row  # the breaker has seen no failure to connect
     assert "/billing/_operations" in html  # where billing's own console is
     sent = html[html.index('data-credential-of="billing"') :]
     sent = sent[: sent.index("</div>")]
@@ -180,25 +178,20 @@ def test_providers_page_names_the_tenants_own_credential(oscar, root):
     assert "sk_test_tenant_own_key" not in html
 
 
-def test_providers_page_reads_the_circuits_when_protection_is_installed(oscar, monkeypatch):
-    breaker = types.SimpleNamespace(
-        state="open",
-        since=timezone.now() - timedelta(minutes=3),
-        paused_until=None,
-        in_flight=2,
-        cap=8,
-        rate_used=5,
-        rate_limit=100,
-    )
-    module = types.ModuleType("gateway.providers.protection")
-    module.snapshot = lambda: {"billing": breaker}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gateway.providers.protection", module)
+def test_providers_page_shows_each_circuit_as_the_workers_share_it(oscar, settings):
+    from gateway.choices import Outcome
+    from gateway.providers import protection
+    from gateway.providers.base import CallResult
+
+    refused = CallResult(outcome=Outcome.NOT_STARTED, reason="connection refused")
+    for _ in range(settings.GATEWAY_CIRCUIT_FAILURES):
+        protection.observe("billing", [refused])
     html = oscar.client.get("/providers").content.decode()
     row = html[html.index('<tr data-provider="billing"') :]
     row = row[: row.index("</tr>")]
-    assert 'data-circuit="open"' in row and "2 / 8 in flight" in row and "rate 5 / 100" in row
+    assert 'data-circuit="open"' in row and "failures in a row" in row
     other = html[html.index('<tr data-provider="tickets"') :]
-    assert 'data-circuit="not configured"' in other[: other.index("</tr>")]
+    assert 'data-circuit="closed"' in other[: other.index("</tr>")]
 
 
 def test_phone_filters_button_and_skip_link(oscar, bot):
