@@ -157,30 +157,8 @@ def mcp_oauth(
     callback = "http://127.0.0.1:9/callback"
     port = int(os.environ.get("MCP_OAUTH_PORT", "8808"))
     mcp_url = f"http://127.0.0.1:{port}/mcp"
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "effect_gateway_client.mcp_server"),
-            *("--transport", "streamable-http", "--port", str(port), "--gateway-url", url),
-        ],
-        env={k: v for k, v in os.environ.items() if k != "GATEWAY_TOKEN"},
-        stdin=subprocess.DEVNULL,
-    )
+    server = _start_mcp(url, port)
     redirects: list[str] = []
-
-    class Memory:
-        tokens = client_info = None
-
-        async def get_tokens(self):
-            return self.tokens
-
-        async def set_tokens(self, tokens):
-            self.tokens = tokens
-
-        async def get_client_info(self):
-            return self.client_info
-
-        async def set_client_info(self, info):
-            self.client_info = info
 
     async def redirect_handler(authorization_url: str) -> None:
         redirects.append(
@@ -200,7 +178,7 @@ def mcp_oauth(
             response_types=["code"],
             token_endpoint_auth_method="none",
         ),
-        storage=Memory(),
+        storage=_MemoryTokens(),
         redirect_handler=redirect_handler,
         callback_handler=callback_handler,
     )
@@ -233,6 +211,37 @@ def mcp_oauth(
     assert again.structuredContent["replayed"] is True
     assert len(operations(key)) == 1
     return f"discovery, registration, PKCE, console approval as {login[0]}; 2 calls = 1 operation"
+
+
+class _MemoryTokens:
+    """The MCP SDK's token storage, in memory."""
+
+    tokens: Any = None
+    client_info: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client_info
+
+    async def set_client_info(self, info: Any) -> None:
+        self.client_info = info
+
+
+def _start_mcp(url: str, port: int) -> subprocess.Popen:
+    """``effect-gateway-mcp`` over streamable HTTP on ``port``, with no token of its own."""
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "effect_gateway_client.mcp_server"),
+            *("--transport", "streamable-http", "--port", str(port), "--gateway-url", url),
+        ],
+        env={k: v for k, v in os.environ.items() if k != "GATEWAY_TOKEN"},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _wait_for_port(port: int) -> None:

@@ -26,25 +26,12 @@ ROWS = int(os.environ.get("PROVIDER_HEALTH_ROWS", "1000000"))
 EFFECTS = 200
 
 
-@pytest.mark.slow
-def test_provider_health_reads_only_the_last_hour(db):
-    from gateway.capabilities import capability_grant
+def write_history(ids: list[str], tenant_id: int) -> None:
+    """ROWS attempts and ROWS lookups of ``ids`` spread over 30 days, oldest first (as they
+    are written), the last hour included."""
     from gateway.models import Attempt, Effect
     from reconciliation.models import ReconciliationRecord
 
-    agent = person("acme", "refund-bot", "agent").principal
-    capability_grant(granted_by="test", principal=agent, effect_types=["*"])
-    effects = [
-        set_state(
-            submit(agent, body, resource={**body["resource"], "id": f"b{n}"}),
-            status="UNKNOWN",
-        )
-        for n in range(EFFECTS)
-        for body in [REFUND if n % 2 else TICKET]
-    ]
-    ids = [e.pk for e in effects]
-    started = time.perf_counter()
-    # Spread over 30 days, oldest first (as they are written), the last hour included.
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -73,11 +60,31 @@ def test_provider_health_reads_only_the_last_hour(db):
                    now() - interval '30 days' * (1 - g::float / %(rows)s)
               FROM generate_series(1, %(rows)s) AS g
             """,
-            {"ids": ids, "n": EFFECTS, "rows": ROWS, "tenant": agent.tenant_id},
+            {"ids": ids, "n": EFFECTS, "rows": ROWS, "tenant": tenant_id},
         )
         cursor.execute(f"ANALYZE {Attempt._meta.db_table}")
         cursor.execute(f"ANALYZE {ReconciliationRecord._meta.db_table}")
         cursor.execute(f"ANALYZE {Effect._meta.db_table}")
+
+
+@pytest.mark.slow
+def test_provider_health_reads_only_the_last_hour(db):
+    from gateway.capabilities import capability_grant
+    from gateway.models import Attempt
+
+    agent = person("acme", "refund-bot", "agent").principal
+    capability_grant(granted_by="test", principal=agent, effect_types=["*"])
+    effects = [
+        set_state(
+            submit(agent, body, resource={**body["resource"], "id": f"b{n}"}),
+            status="UNKNOWN",
+        )
+        for n in range(EFFECTS)
+        for body in [REFUND if n % 2 else TICKET]
+    ]
+    ids = [e.pk for e in effects]
+    started = time.perf_counter()
+    write_history(ids, agent.tenant_id)
     spent = time.perf_counter() - started
     print(f"\n{ROWS:,} attempts and {ROWS:,} lookups written in {spent:.1f} s")
 

@@ -22,7 +22,7 @@ from sagas import views as sagas_views
 
 ROOT = Path(__file__).resolve().parents[2]
 # The project shell: it composes the apps, so it alone may import reconciliation and sagas.
-SHELL = {"urls", "settings", "celery", "asgi", "wsgi"}
+SHELL = {"urls", "settings", "settings_oauth", "celery", "asgi", "wsgi"}
 
 
 def test_the_ledgers_hooks_are_filled_after_django_setup():

@@ -404,15 +404,9 @@ class SandboxProvider:
                 op_id, action, status = op["id"], "commit", 201
                 answer = _public(op)
 
-            drop, delay = False, 0.0
-            if "commit_then_drop" in faults:
-                self._consume(faults["commit_then_drop"], applied)
-                drop = True
-            elif "error_after_commit" in faults and action == "commit":
-                status = int(self._consume(faults["error_after_commit"], applied)["status"])
-                answer, headers = {"error": "internal_error"}, {}
-            elif "slow" in faults:
-                delay = float(self._consume(faults["slow"], applied)["seconds"])
+            drop, delay, error = self._after_commit(faults, applied, committed=action == "commit")
+            if error is not None:
+                status, answer, headers = error, {"error": "internal_error"}, {}
             self._append_log(
                 provider,
                 action,
@@ -424,6 +418,20 @@ class SandboxProvider:
             )
             self._persist()
         return Reply(status, answer, drop=drop, delay=delay, headers=headers)
+
+    def _after_commit(
+        self, faults: dict[str, Any], applied: list[str], *, committed: bool
+    ) -> tuple[bool, float, int | None]:
+        """What happens to the answer once the write is decided: (drop it, delay it, the 5xx
+        that replaces it)."""
+        if "commit_then_drop" in faults:
+            self._consume(faults["commit_then_drop"], applied)
+            return True, 0.0, None
+        if "error_after_commit" in faults and committed:
+            return False, 0.0, int(self._consume(faults["error_after_commit"], applied)["status"])
+        if "slow" in faults:
+            return False, float(self._consume(faults["slow"], applied)["seconds"]), None
+        return False, 0.0, None
 
     def handle_lookup(
         self,
