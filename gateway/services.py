@@ -169,8 +169,11 @@ def _command_submit(
     if principal.frozen:
         raise NotPermitted(f"Principal {principal.name} is frozen.")
     digest = payload_digest(type=contract.type, resource=resource, payload=payload)
+    # An API token's revocation is checked again at dispatch; an OAuth access token (remote
+    # MCP) is deleted when revoked, and its requests stop at once.
+    token_id = token.pk if isinstance(token, ApiToken) else None
     request = _Request(principal, contract, idempotency_key, digest, resource, payload, intent,
-                       context, expires_in, token.pk if token else None)  # fmt: skip
+                       context, expires_in, token_id)  # fmt: skip
     if compensates is None and not saga_id and fastpath.enabled():
         fast = _submit_fast(request)
         if fast is not None:
