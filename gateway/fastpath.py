@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -36,6 +36,7 @@ from django.utils import timezone
 from gateway import hooks, ledger, signing, trust
 from gateway.checkpoints import ReceiptFields, receipt_seal
 from gateway.choices import (
+    CREDENTIAL_USABLE,
     DISPATCHABLE,
     OUTCOME_STATUS,
     ApprovalState,
@@ -566,10 +567,18 @@ claimed AS (
 
 # What a claim returns per claimed effect (the batch adds the command's provider and whether
 # it compensates).
-CLAIM_RETURNING = """
+# Whether the effect's tenant holds a credential of its own (gateway.provider_credentials):
+# only then does choosing what to send with cost a statement of its own.
+OWN_CREDENTIALS = f"""EXISTS (
+    SELECT 1 FROM gateway_providercredential pc
+    WHERE pc.tenant_id = claimed.tenant_id
+      AND pc.state IN ({", ".join(f"'{state}'" for state in sorted(CREDENTIAL_USABLE))}))"""
+
+CLAIM_RETURNING = f"""
 claimed.effect_id, claimed.tenant_id, claimed.fence, claimed.attempt_count,
 claimed.check_count, claimed.type, claimed.provider_key, claimed.resource,
-claimed.payload_sealed, claimed.payload_digest, attempt.id, claimed.from_status"""
+claimed.payload_sealed, claimed.payload_digest, attempt.id, claimed.from_status,
+{OWN_CREDENTIALS}"""
 
 
 def attempt_budgets() -> str:
@@ -623,6 +632,9 @@ class FastClaim:
     payload_sealed: str
     payload_digest: str
     from_status: str  # what the claim moved it from (PREPARED, NOT_STARTED)
+    # The tenant holds a credential of its own for some provider: what the attempt is sent
+    # with is chosen by gateway.provider_credentials (else the deployment's, with no query).
+    own_credentials: bool = field(default=True, kw_only=True)
 
 
 def claim(*, effect_id: str, worker: str) -> FastClaim | None:
@@ -644,7 +656,19 @@ def claim_from_row(row) -> FastClaim:
     if isinstance(resource, str):
         resource = json.loads(resource)
     return FastClaim(
-        eid, tenant_id, fence, aid, number, checks, type_, key, resource, sealed, digest, from_
+        eid,
+        tenant_id,
+        fence,
+        aid,
+        number,
+        checks,
+        type_,
+        key,
+        resource,
+        sealed,
+        digest,
+        from_,
+        own_credentials=bool(row[12]),
     )
 
 

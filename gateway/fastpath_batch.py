@@ -96,7 +96,7 @@ SELECT {CLAIM_RETURNING}, claimed.provider, claimed.compensates
   FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
 UNION ALL
 SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL
+       NULL, NULL
   FROM due WHERE NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.effect_id = due.effect_id)
 """)
 
@@ -148,7 +148,7 @@ def claim_batch(
             refused.append(row[0])
             continue
         claim = claim_from_row(row)
-        provider, compensates = row[12:]
+        provider, compensates = row[13:]
         claims.append(BatchClaim(**vars(claim), provider=provider, compensates=compensates))
     return Batch(claims, refused)
 

@@ -395,7 +395,8 @@ def attempts_note_sender(claims: Iterable[FastClaim]) -> dict[int, SendAs]:
     """Write the sender (adapter, credential fingerprint) on fast claims' attempts, which the
     claim statement leaves NULL, and say what each is sent with (by attempt id).
 
-    One SELECT per batch finds the claimed tenants' credentials (``_chosen_rows``). The
+    One SELECT per batch finds the claimed tenants' credentials (``_chosen_rows``), when the
+    claim statement saw that some tenant of the batch has credentials of its own. The
     deployment's sender: one UPDATE per type whose sender is not the default, none at all
     on the default's hot path; an attempt it fails to mark keeps NULL (its lookups use the
     deployment's credential, which sent it). A tenant's credential: held FOR SHARE while its
@@ -406,7 +407,7 @@ def attempts_note_sender(claims: Iterable[FastClaim]) -> dict[int, SendAs]:
     sendings = []
     for claim in claims:
         contract = get_contract(claim.type)
-        if contract is not None:
+        if contract is not None and claim.own_credentials:
             sendings.append(
                 _Sending(claim.effect_id, claim.tenant_id, contract.provider, claim.attempt_number)
             )

@@ -59,8 +59,8 @@ def test_save_a_view_and_apply_it(browser, live_server, oscar, bot, viewport, sh
     ticket = set_state(submit(bot.principal, TICKET), status="UNKNOWN")
     page = open_page(browser, live_server, "oscar@acme", viewport)
     # The filter changes the queue in place (htmx) and the address bar; the view saves that.
-    if page.locator(".filters-toggle").count():
-        page.locator(".filters-toggle").click()
+    if page.locator(".filters-button").is_visible():  # the phone's filters, behind one button
+        page.locator(".filters-button").click()
     page.get_by_label("Type").select_option("billing.refund.create")
     page.wait_for_url(re.compile(r"type=billing.refund.create"))
     open_views(page)
@@ -93,8 +93,8 @@ def test_export_the_filtered_queue(browser, live_server, oscar, bot, viewport): 
     refunds = [set_state(submit(bot.principal, REFUND), status="UNKNOWN") for _ in range(3)]
     set_state(submit(bot.principal, TICKET), status="UNKNOWN")
     page = open_page(browser, live_server, "oscar@acme", viewport)
-    if page.locator(".filters-toggle").count():
-        page.locator(".filters-toggle").click()
+    if page.locator(".filters-button").is_visible():  # the phone's filters, behind one button
+        page.locator(".filters-button").click()
     page.get_by_label("Type").select_option("billing.refund.create")
     page.wait_for_url(re.compile(r"type=billing.refund.create"))
     open_export(page)

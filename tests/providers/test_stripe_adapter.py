@@ -552,7 +552,7 @@ def route_billing_to(monkeypatch):
     from reconciliation.services import reconciler
 
     def route(url: str, **kwargs: Any) -> None:
-        def adapter_for(contract):
+        def adapter_for(contract, credential=None):
             return _adapter(url, contract=contract, **kwargs)
 
         monkeypatch.setattr(services, "adapter_for", adapter_for)

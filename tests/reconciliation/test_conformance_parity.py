@@ -5,7 +5,10 @@ effect is NOT_STARTED), and both must end in the same place, with one operation 
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from django.utils import timezone
 
 from gateway.models import Effect
 from gateway.providers.conformance import (
@@ -40,6 +43,18 @@ ENDS = {
 TIMEOUT = 2.0  # a loaded machine answers a normal call within it
 
 
+def wait_out_the_pause(effect: Effect) -> None:
+    """A provider that answered 429 with Retry-After is paused for every worker until then
+    (gateway.providers.protection): the next send waits as the gateway's would."""
+    from gateway.contracts import get_contract
+    from gateway.providers import protection
+
+    provider = get_contract(effect.type).provider
+    paused_until = protection.snapshot()[provider].paused_until
+    if paused_until is not None:
+        time.sleep(min(5.0, max(0.0, (paused_until - timezone.now()).total_seconds() + 0.05)))
+
+
 def through_the_gateway(effect: Effect, dispatch) -> Effect:
     """Dispatch, then what the gateway does next, until the effect settles."""
     effect = dispatch(effect)
@@ -47,6 +62,7 @@ def through_the_gateway(effect: Effect, dispatch) -> Effect:
         if effect.status in ("CONFIRMED", "REJECTED") or effect.escalated:
             break
         if effect.status == "NOT_STARTED":
+            wait_out_the_pause(effect)
             effect = dispatch(effect)
         else:
             make_due(effect)
