@@ -12,13 +12,15 @@ resumes the thread), and a webhook receiver verifying every delivery with ``stan
 The sandbox provider's own operation log (``$SANDBOX_URL/_operations``) is the oracle for "one
 operation per key".
 
-Tokens: ``GATEWAY_TOKEN`` (an agent of the demo tenant), ``OPERATOR_TOKEN`` and
-``APPROVER_TOKEN``; the last two are issued with ``manage.py issue_token`` when missing (run
+Tokens: ``GATEWAY_TOKEN`` (an agent of the demo tenant), ``OPERATOR_TOKEN``,
+``APPROVER_TOKEN`` and ``ADMIN_TOKEN`` (it registers the approver's Ed25519 key, which signs
+the approvals); the last three are issued with ``manage.py issue_token`` when missing (run
 from the repository, with the demo's DATABASE_URL). Exits 1 if any check fails.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -47,6 +49,8 @@ SANDBOX = os.environ.get("SANDBOX_URL", "http://127.0.0.1:8765").rstrip("/")
 TENANT = os.environ.get("GATEWAY_TENANT", "demo")
 RUN = os.environ.get("CHECK_RUN", time.strftime("%Y%m%d%H%M%S"))
 results: list[tuple[str, bool, str]] = []
+# The approver's registered Ed25519 key (check_agent_clients.MachineSigner), set by main().
+SIGNER: dict[str, Any] = {}
 
 
 def check(name: str) -> Callable:
@@ -388,17 +392,17 @@ def langgraph_cancel(agent: GatewayClient, operator: GatewayClient, agent_name: 
     )
     agent.cancel(effect_id, reason="the customer withdrew the claim")
     ignored = 0
+    seen_unrelated = False  # the unrelated ticket's webhook, whenever it arrives, resumes nothing
     deadline = time.monotonic() + 60
     while "__interrupt__" in state and time.monotonic() < deadline:
         body, headers = receiver.arrived.get(timeout=max(deadline - time.monotonic(), 0.1))
+        seen_unrelated = seen_unrelated or unrelated.effect_id in body.decode()
         resumed = resume_thread(graph, body, headers, secret)
         if resumed is None:
             ignored += 1
         else:
             state = resumed
     assert state["refund"]["status"] == "CANCELLED", state
-    # The unrelated ticket's webhook, whenever it arrives, resumes nothing.
-    seen_unrelated = False
     while not seen_unrelated and time.monotonic() < deadline + 30:
         body, headers = receiver.arrived.get(timeout=30)
         seen_unrelated = unrelated.effect_id in body.decode()
@@ -480,7 +484,7 @@ def _effects_in_every_waited_on_state(
         )
 
     approved = big("approved")
-    approver.approve(approved.effect_id, approved.payload_digest)
+    SIGNER["approver"].approve(approver, approved.effect_id)
     rejected = big("rejected")
     approver.reject(rejected.effect_id, reason="not this one")
     cancelled = big("cancelled")
@@ -550,6 +554,8 @@ def main() -> int:
         return 2
     operator_token = token("OPERATOR_TOKEN", "oscar", "operator")
     approver_token = token("APPROVER_TOKEN", "alice", "approver")
+    admin_token = token("ADMIN_TOKEN", "admin", "admin")
+    SIGNER["approver"] = check_agent_clients.MachineSigner(URL, admin_token, "alice")
     agent = GatewayClient(URL, agent_token)
     operator = GatewayClient(URL, operator_token)
     approver = GatewayClient(URL, approver_token)
@@ -569,17 +575,15 @@ def main() -> int:
             check_agent_clients.claude_code_headless
         )(URL, agent_token, RUN, provider_operations)
         check("Remote MCP with OAuth 2.1: the MCP SDK's own client flow")(
-            check_agent_clients.mcp_oauth
-        )(
-            URL,
-            RUN,
-            provider_operations,
-            login=(
-                os.environ.get("ADMIN_LOGIN", f"admin@{TENANT}"),
-                os.environ.get("ADMIN_PASSWORD", "admin-demo-pw"),
-            ),
-            agent=os.environ.get("AGENT_NAME", "demo-agent"),
-        )
+            functools.partial(
+                check_agent_clients.mcp_oauth,
+                login=(
+                    os.environ.get("ADMIN_LOGIN", f"admin@{TENANT}"),
+                    os.environ.get("ADMIN_PASSWORD", "admin-demo-pw"),
+                ),
+                agent=os.environ.get("AGENT_NAME", "demo-agent"),
+            )
+        )(URL, RUN, provider_operations)
         langgraph_two_threads(agent)
         langgraph_cancel(agent, operator, agent_name)
         langgraph_three_threads(agent, operator, agent_name)

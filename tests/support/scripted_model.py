@@ -55,8 +55,9 @@ class ScriptedModel:
             }
         text = json.dumps(body).replace("\\n", " ")
         deferred = re.findall(rf"[\w-]*{re.escape(call.tool)}\b", text)
-        searched = any(result["tool_use_id"].startswith("toolu_search_") for result in results)
-        if deferred and "ToolSearch" in offered and not searched:
+        searches = tool_calls(body, "ToolSearch")
+        searched = " ".join(call["input"].get("query", "") for call in searches)
+        if deferred and "ToolSearch" in offered and deferred[0] not in searched:
             return {
                 "type": "tool_use",
                 "id": f"toolu_search_{len(results)}",
@@ -84,6 +85,16 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(content, list):
             results += [block for block in content if block.get("type") == "tool_result"]
     return results
+
+
+def tool_calls(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The calls of tool ``name`` the model made so far in this conversation."""
+    calls = []
+    for message in body.get("messages", []):
+        content = message.get("content")
+        if message.get("role") == "assistant" and isinstance(content, list):
+            calls += [b for b in content if b.get("type") == "tool_use" and b.get("name") == name]
+    return calls
 
 
 def result_text(result: dict[str, Any]) -> str:
