@@ -211,6 +211,7 @@ def test_fault_run(servers, sandbox, sandbox_server, agent, queue, tmp_path, cap
         # cannot answer and must back off, not guess.
         switch_fault(base, "lookup_unreachable", times=FAULTS_PER_KIND * 2)
         fault_run.settle(tmp_path)
+        supervisor.await_failpoint_exits()
     finally:
         supervisor.stop()
     run = supervisor.result()

@@ -130,6 +130,18 @@ class Supervisor:
         self.exits.append(-9)
         self.worker = self._start_worker()
 
+    def await_failpoint_exits(self, timeout: float = 15.0) -> None:
+        """A failpoint writes its tally byte just before the SIGKILL, and a kill after the
+        last record may land after the ledger already reads settled: wait until every
+        counted kill has shown as an exit, so that the two counts compare like for like."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.tick()
+            expected = failpoint_kills(self.failpoints, self.failpoint_dir) + self.sigkills
+            if len(self.exits) >= expected:
+                return
+            time.sleep(0.05)
+
     def stop(self) -> None:
         self.worker.stop()
         self.beat.stop()
@@ -165,6 +177,7 @@ def run(
             if time.monotonic() - started > timeout:
                 raise AssertionError(f"not recovered within {timeout}s; see {logs}")
             time.sleep(0.3)
+        supervisor.await_failpoint_exits()
     finally:
         supervisor.stop()
     return supervisor.result()
