@@ -10,6 +10,7 @@ the deaths it causes.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 from functools import cache
@@ -40,11 +41,14 @@ def failpoint(name: str) -> None:
     folder = Path(os.environ.get("GATEWAY_FAILPOINT_DIR") or Path(settings.VAR_DIR) / "failpoints")
     folder.mkdir(parents=True, exist_ok=True)
     tally = folder / name
-    # O_APPEND writes of one byte are atomic: concurrent processes count correctly.
+    # One byte per reach, appended under an exclusive lock that a killing reach holds until
+    # the process is gone: a sibling thread waits on the lock and dies with it, so the tally
+    # counts kills exactly (one byte within the budget = one dead process).
     fd = os.open(tally, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b".")
+        if skip < os.fstat(fd).st_size <= skip + times:
+            os.kill(os.getpid(), signal.SIGKILL)
     finally:
         os.close(fd)
-    if skip < tally.stat().st_size <= skip + times:
-        os.kill(os.getpid(), signal.SIGKILL)
