@@ -173,6 +173,8 @@ def _triage_context(request: ConsoleRequest, params: Any = None) -> dict[str, An
         "view_name": "triage",
         # Reversed once: the groups and the pager link to it about a hundred times.
         "triage_url": reverse("console:triage"),
+        # Computed once: each group's bulk forms carry it (two hundred forms).
+        "querystring": filters.querystring(),
     }
     for panel in panels:
         context.update(panel.context)
