@@ -50,6 +50,7 @@ from gateway.console.selectors import owners
 from gateway.contracts import get_contract
 from gateway.errors import NotFound, NotPermitted
 from gateway.lib import jsonin
+from gateway.lib.any_of import AnyOf
 from gateway.models import Effect, Principal
 from gateway.providers.base import ProviderOperation
 from gateway.templatetags.console import duration_label, money
@@ -746,13 +747,14 @@ OPEN_CASES_IN_TRIAGE = 2000
 def has_open_case(tenant_id: int) -> Q:
     """For the triage queue: effects with an unresolved case (a confirmed effect whose later
     receipt disagrees), as a short list of ids read through the case_queue index — so the
-    queue's own partial index still serves the rest of its query."""
+    queue's own partial index still serves the rest of its query (the list as one array
+    parameter: gateway.lib.any_of)."""
     ids = list(
         Case.objects.filter(tenant_id=tenant_id, state__in=sorted(choices.UNRESOLVED))
         .order_by("opened_at")
         .values_list("effect_id", flat=True)[:OPEN_CASES_IN_TRIAGE]
     )
-    return Q(pk__in=ids)
+    return Q(AnyOf("pk", ids))
 
 
 def failure_fixed() -> Q:

@@ -52,6 +52,8 @@ class MenuItem:
     tone: str
     # A freeze: the form asks for a reason, and the button for a confirmation (``confirm``).
     confirm: str = ""
+    # Where its form posts (set by gateway.console.triage.bulk_menu, reversed once a page).
+    url: str = ""
 
 
 class BulkForm(forms.Form):

@@ -8,7 +8,15 @@ from django.utils import timezone
 
 from gateway.console import triage
 from gateway.models import Effect
-from tests.console.conftest import EMAIL, REFUND, SHIPMENT, TICKET, set_state, submit
+from tests.console.conftest import (
+    EMAIL,
+    REFUND,
+    SHIPMENT,
+    TICKET,
+    open_case,
+    set_state,
+    submit,
+)
 
 
 def effect_ids(html: str) -> list[str]:
@@ -164,6 +172,37 @@ def test_poll_redraws_when_an_effect_joins_the_queue(oscar, bot, queue):
     response = oscar.htmx("get", url)
     assert response.status_code == 200
     assert "7 effects need a human" in response.content.decode()
+
+
+def _fill_queue(principal, bodies, per_kind: int) -> None:
+    """``per_kind`` effects of each body in each way the queue shows (UNKNOWN, a receipt
+    that disagrees, escalated, an open case on a confirmed one): a group per (type, cause)."""
+    for body in bodies:
+        for _ in range(per_kind):
+            set_state(submit(principal, body), status="UNKNOWN")
+            set_state(submit(principal, body), status="CONFIRMED", mismatch=True)
+            set_state(submit(principal, body), status="NOT_STARTED", escalated=True)
+            open_case(set_state(submit(principal, body), status="CONFIRMED"), reason="mismatch")
+
+
+def test_triage_queries_do_not_grow_with_its_rows_or_groups(oscar, bot):
+    """Twice the rows and twice the groups (each with its bulk forms), the same statements:
+    a query per row or per group (a property, a tag, a holder look-up) fails this."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def statements() -> tuple[int, int, int]:
+        with CaptureQueriesContext(connection) as captured:
+            html = oscar.client.get("/").content.decode()
+        return len(captured), len(effect_ids(html)), html.count('<li class="group')
+
+    _fill_queue(bot.principal, [REFUND, TICKET], per_kind=3)
+    few, rows, groups = statements()
+    assert (rows, groups) == (24, 8)
+    _fill_queue(bot.principal, [EMAIL, SHIPMENT], per_kind=3)
+    many, rows, groups = statements()
+    assert (rows, groups) == (48, 16)
+    assert many == few
 
 
 def test_triage_list_of_50_rows_runs_a_fixed_number_of_queries(
