@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 
 from django.core.cache import caches
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from gateway.api.problems import json_problem_view
+from gateway.api.problems import (
+    DATABASE_RETRY_AFTER,
+    PROBLEM_CONTENT_TYPE,
+    database_unavailable,
+    database_unavailable_problem,
+    json_problem_view,
+)
 from gateway.lib import broker
 from gateway.lib.cache import cache_state
 
@@ -75,6 +83,9 @@ def handler404(request: HttpRequest, exception=None) -> HttpResponse:
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
+    # Django calls this inside its ``except``: the exception being answered is at hand.
+    if database_unavailable(sys.exc_info()[1]):
+        return _database_unavailable(request)
     if request.path.startswith("/api/"):
         return json_problem_view(
             500,
@@ -83,3 +94,18 @@ def handler500(request: HttpRequest) -> HttpResponse:
             "The gateway failed to answer; nothing was sent on your behalf by this request.",
         )
     return HttpResponse("Internal error", status=500, content_type="text/plain")
+
+
+def _database_unavailable(request: HttpRequest) -> HttpResponse:
+    """503 with Retry-After: problem+json for the API, a page for the console that reads
+    nothing from the database (no session, no nav), since the database is what failed."""
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse(
+            database_unavailable_problem(), status=503, content_type=PROBLEM_CONTENT_TYPE
+        )
+    else:
+        problem = database_unavailable_problem()
+        page = render_to_string("503.html", {"title": problem["title"]})
+        response = HttpResponse(page, status=503)
+    response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER)
+    return response

@@ -3,13 +3,19 @@
 Domain errors (gateway.errors) and DRF's own exceptions all leave as
 ``application/problem+json`` with ``type``, ``title``, ``status`` and ``detail``; field errors
 go in ``errors``. The mapping is glue, so it is written here rather than pulled in.
+
+A database that cannot be reached (``OperationalError``, ``InterfaceError``) is a 503 with
+``Retry-After``, here for the API views and in ``gateway.health.handler500`` for everything
+else (middleware, the console).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -18,6 +24,11 @@ from gateway.errors import GatewayError
 
 PROBLEM_BASE = "https://effect-gateway.dev/problems/"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
+# Seconds a client waits before retrying while the database is unreachable: long enough for
+# a failover or a restart to make progress, short enough for an agent's turn.
+DATABASE_RETRY_AFTER = 5
+
+logger = logging.getLogger(__name__)
 
 _DRF_SLUGS: list[tuple[type[exceptions.APIException], str, str]] = [
     (exceptions.ParseError, "malformed-request", "The request body is not valid JSON"),
@@ -40,6 +51,22 @@ def problem(*, status: int, slug: str, title: str, detail: str, **extra: Any) ->
         "detail": detail,
         **extra,
     }
+
+
+def database_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the database cannot be reached or used right now (refused, gone
+    mid-request, a closed connection): Django's wrappers of the driver's errors."""
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def database_unavailable_problem() -> dict[str, Any]:
+    return problem(
+        status=503,
+        slug="database-unavailable",
+        title="The database is unavailable",
+        detail="The gateway cannot reach its database. Retry after Retry-After seconds; a "
+        "submission retried with the same Idempotency-Key is recorded at most once.",
+    )
 
 
 def _flatten(errors: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -66,6 +93,11 @@ def problem_response(body: dict[str, Any], headers: dict[str, str] | None = None
 
 
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if database_unavailable(exc):
+        logger.warning("database unavailable: %s", exc)
+        return problem_response(
+            database_unavailable_problem(), {"Retry-After": str(DATABASE_RETRY_AFTER)}
+        )
     if isinstance(exc, GatewayError):
         return problem_response(
             problem(

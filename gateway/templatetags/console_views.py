@@ -28,3 +28,12 @@ def may_read_audit(principal: Any) -> bool:
     from gateway.console.audit_list import AUDIT_READERS
 
     return principal is not None and principal.role in AUDIT_READERS
+
+
+@register.filter
+def may_connect_clients(principal: Any) -> bool:
+    """The nav shows the connected MCP clients to whom the page lets in: an unfrozen admin
+    (gateway.console.oauth)."""
+    from gateway.choices import Role
+
+    return principal is not None and principal.role == Role.ADMIN and not principal.frozen

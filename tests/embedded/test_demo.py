@@ -72,3 +72,32 @@ def test_a_port_in_use_names_demo_args():
             demo.ensure_ports_free([("127.0.0.1", port)])
     assert f"127.0.0.1:{port}" in str(error.value)
     assert 'DEMO_ARGS="--port' in str(error.value)
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0", "::1", "localhost"])
+def test_the_console_url_is_localhost_where_passkeys_work(command, bind, settings):
+    # Browsers give passkeys to a host name on a secure origin, never to 127.0.0.1, and the
+    # seeded refunds wait for a passkey approval.
+    base = demo.console_url(bind, 8000)
+    assert base == "http://localhost:8000/"
+    command.colour = False
+    command.output_lock = demo.threading.Lock()
+    command.print_banner(base, command.seed_demo_tenant(), scenario=None, seconds=1)
+    banner = command.stdout.getvalue()
+    assert "Console    http://localhost:8000/" in banner
+    assert "export GATEWAY_URL=http://localhost:8000 " in banner
+    assert "127.0.0.1" not in banner
+    assert "localhost" in settings.ALLOWED_HOSTS
+    assert settings.GATEWAY_WEBAUTHN_RP_ID == ""  # the RP id is the request's host name
+
+
+def test_the_passkey_rp_id_of_a_demo_request_is_localhost(rf):
+    from gateway.console.passkeys import origin_for, rp_id_for
+
+    request = rf.get("/passkeys", HTTP_HOST="localhost:8000")
+    assert rp_id_for(request) == "localhost"
+    assert origin_for(request) == "http://localhost:8000"
+
+
+def test_a_non_loopback_address_is_printed_as_given():
+    assert demo.console_url("192.0.2.7", 8001) == "http://192.0.2.7:8001/"

@@ -119,6 +119,27 @@ def test_with_an_oracle_alone_the_fault_proxy_makes_the_faults(sandbox_url):
         assert any("made by the fault proxy" in e for e in reports[name].evidence), name
 
 
+def test_the_sandbox_makes_every_fault_a_server_can_and_the_proxy_only_refuses(sandbox_url):
+    """The SPEC §6 adapter meets the server's own reset, 5xx and 429 (gateway.providers.
+    sandbox FAULT_PARAMS), not a proxy's: the proxy only lends a port where nothing listens."""
+    reports = {r.case.name: r for r in run_matrix(subject_for(sandbox_url))}
+    assert {r.status for r in reports.values()} == {PASS}
+    for name in (
+        "reset_before_commit",
+        "drop_after_commit",
+        "error_after_commit",
+        "timeout",
+        "conflict_409",
+        "rate_limited_429",
+    ):
+        evidence = reports[name].evidence
+        assert any("made by the server" in e for e in evidence), (name, evidence)
+        assert not any("made by the fault proxy" in e for e in evidence), (name, evidence)
+    assert any("HTTP 500" in e for e in reports["error_after_commit"].evidence)
+    assert any("HTTP 429" in e for e in reports["rate_limited_429"].evidence)
+    assert any("pointed at" in e for e in reports["connection_refused"].evidence)
+
+
 def test_the_fault_proxy_refuses_unknown_actions_and_bad_upstreams():
     with pytest.raises(ValueError, match="not an http"):
         FaultProxy("ftp://example.test")

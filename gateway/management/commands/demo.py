@@ -238,7 +238,7 @@ class Command(BaseCommand):
             children[1:1] = mail.children
         for index, child in enumerate(children):
             child.colour = COLOURS[index % len(COLOURS)] if self.colour else ""
-        base = f"http://{browser_host(host)}:{port}/"
+        base = console_url(host, port)
         sandbox_url = f"http://127.0.0.1:{sandbox_port}"
         health_urls: list[Health] = [
             f"{base}healthz",
@@ -490,9 +490,19 @@ def ensure_ports_free(addresses: list[tuple[str, int]]) -> None:
                 ) from None
 
 
+LOOPBACK_HOSTS = frozenset({"0.0.0.0", "", "127.0.0.1", "::", "::1", "[::1]", "localhost"})
+
+
 def browser_host(host: str) -> str:
-    """The address to put in URLs: a wildcard bind address is reached via loopback."""
-    return "127.0.0.1" if host in {"0.0.0.0", ""} else host
+    """The host name to put in URLs: a loopback or wildcard bind address is reached as
+    `localhost`, because browsers give passkeys (WebAuthn) to a secure origin and to a host
+    name, never to 127.0.0.1, and the seeded refunds wait for a passkey approval."""
+    return "localhost" if host in LOOPBACK_HOSTS else host
+
+
+def console_url(host: str, port: int) -> str:
+    """The console's URL as the banner prints it."""
+    return f"http://{browser_host(host)}:{port}/"
 
 
 def build_children(host: str, port: int, sandbox_port: int, *, verbose: bool) -> list[Child]:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from gateway.providers.base import ExecuteRequest
-from gateway.providers.conformance.matrix import Fault
+from gateway.providers.conformance.matrix import RETRY_AFTER_SECONDS, Fault
 
 
 class Driver(Protocol):
@@ -53,9 +53,17 @@ class RecordsDriver:
         pass
 
 
-# The sandbox's own fault (POST {base}/_faults) for each fault of the matrix it makes.
+# The sandbox's own fault (POST {base}/_faults) for each fault of the matrix whose case it
+# makes exactly: the adapter meets the server's reset, 5xx or 429, not a proxy's. With this
+# driver the fault proxy makes one fault only, a refused connection (nothing listens).
 _SANDBOX_FAULTS: dict[Fault, dict[str, Any]] = {
+    # Reads the whole request, stores nothing, aborts the connection (TCP RST) unanswered.
+    Fault.RESET_BEFORE_COMMIT: {"fault": "reset_before_commit"},
     Fault.DROP_AFTER_COMMIT: {"fault": "commit_then_drop"},
+    # Commits, then answers its own 500 instead of the answer.
+    Fault.ERROR_AFTER_COMMIT: {"fault": "error_after_commit"},
+    # 429 with the case's Retry-After (whole seconds, as the sandbox takes it), not stored.
+    Fault.RATE_LIMITED: {"fault": "throttle", "retry_after": int(RETRY_AFTER_SECONDS)},
     Fault.PROCESSING_THEN_SUCCEEDED: {"fault": "processing", "lookups": 2},
     Fault.PROCESSING_THEN_FAILED: {"fault": "processing", "lookups": 2, "then": "failed"},
     Fault.KEY_EXPIRED: {"fault": "key_expired", "times": None},

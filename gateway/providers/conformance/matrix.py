@@ -22,13 +22,14 @@ class Fault(StrEnum):
     proxy (``conformance.proxy``) produces the ones marked "proxy" in front of any server."""
 
     REFUSE = "refuse"  # proxy: nothing listens
-    RESET_BEFORE_COMMIT = "reset_before_commit"  # proxy: reads the request, resets, never forwards
+    # server or proxy: reads the request, resets unanswered, stores (or forwards) nothing
+    RESET_BEFORE_COMMIT = "reset_before_commit"
     DROP_AFTER_COMMIT = "drop_after_commit"  # server or proxy: commits, then no answer
-    ERROR_AFTER_COMMIT = "error_after_commit"  # proxy: forwards, then answers 502
+    ERROR_AFTER_COMMIT = "error_after_commit"  # server (500) or proxy (502): commits, then 5xx
     SLOW = "slow"  # server or proxy: commits, answers after the client's timeout
     CONFLICT = "conflict"  # server (a stale resource version) or proxy: 409
     KEY_REUSED = "key_reused"  # any server: the key is sent again with another body
-    RATE_LIMITED = "rate_limited"  # proxy: 429 with Retry-After, never forwarded
+    RATE_LIMITED = "rate_limited"  # server or proxy: 429 with Retry-After, nothing stored
     PROCESSING_THEN_SUCCEEDED = "processing_then_succeeded"  # server only
     PROCESSING_THEN_FAILED = "processing_then_failed"  # server only
     KEY_EXPIRED = "key_expired"  # server: lookups by key find nothing, the operation stays
@@ -85,7 +86,8 @@ CASES: tuple[Case, ...] = (
         "reset_before_commit",
         "Reset before the provider commits",
         (Fault.RESET_BEFORE_COMMIT,),
-        "the fault proxy reads the whole request, then resets the connection without forwarding it",
+        "the server reads the whole request, then resets the connection without storing it "
+        "(the sandbox's reset_before_commit, or the fault proxy resets without forwarding)",
         _ANY_UNCERTAIN,
         Decision.SEND_AGAIN,
         held_after_call=0,
@@ -109,7 +111,8 @@ CASES: tuple[Case, ...] = (
         "error_after_commit",
         "5xx after the provider commits",
         (Fault.ERROR_AFTER_COMMIT,),
-        "the fault proxy forwards the request, then answers 502 instead of the answer",
+        "the server commits, then answers 500 instead of the answer (the sandbox's "
+        "error_after_commit, or the fault proxy forwards and answers 502)",
         _ANY_UNCERTAIN,
         Decision.CONFIRMED,
         held_after_call=1,
@@ -157,7 +160,8 @@ CASES: tuple[Case, ...] = (
         "rate_limited_429",
         "429 with Retry-After",
         (Fault.RATE_LIMITED,),
-        f"the fault proxy answers 429 with Retry-After: {RETRY_AFTER_SECONDS:g} without forwarding",
+        f"the server answers 429 with Retry-After: {RETRY_AFTER_SECONDS:g} and stores nothing "
+        "(the sandbox's throttle, or the fault proxy answers without forwarding)",
         _ANY_UNCERTAIN | {Outcome.NOT_STARTED},
         Decision.SEND_AGAIN,
         held_after_call=0,
