@@ -76,8 +76,16 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": status, "checks": checks}, status=200 if ready else 503)
 
 
+# Paths that machines call (agents, hooks, OAuth clients): their errors are problem+json.
+MACHINE_PATHS = ("/api/", "/hooks/", "/oauth/token/", "/oauth/revoke/")
+
+
+def for_machines(request: HttpRequest) -> bool:
+    return request.path.startswith(MACHINE_PATHS)
+
+
 def handler404(request: HttpRequest, exception=None) -> HttpResponse:
-    if request.path.startswith("/api/"):
+    if for_machines(request):
         return json_problem_view(404, "not-found", "Not found", f"No such path {request.path}.")
     return HttpResponse("Not found", status=404, content_type="text/plain")
 
@@ -86,7 +94,7 @@ def handler500(request: HttpRequest) -> HttpResponse:
     # Django calls this inside its ``except``: the exception being answered is at hand.
     if database_unavailable(sys.exc_info()[1]):
         return _database_unavailable(request)
-    if request.path.startswith("/api/"):
+    if for_machines(request):
         return json_problem_view(
             500,
             "internal-error",
@@ -99,7 +107,7 @@ def handler500(request: HttpRequest) -> HttpResponse:
 def _database_unavailable(request: HttpRequest) -> HttpResponse:
     """503 with Retry-After: problem+json for the API, a page for the console that reads
     nothing from the database (no session, no nav), since the database is what failed."""
-    if request.path.startswith("/api/"):
+    if for_machines(request):
         response: HttpResponse = JsonResponse(
             database_unavailable_problem(), status=503, content_type=PROBLEM_CONTENT_TYPE
         )

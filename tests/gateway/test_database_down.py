@@ -61,6 +61,19 @@ def test_an_api_read_while_postgres_is_down_is_503_problem_json(agent):
     assert_database_unavailable_problem(answer)
 
 
+def test_a_claude_code_hook_while_postgres_is_down_is_503_problem_json(db):
+    """The hook command reads a JSON answer; it fails closed on this one like on any error."""
+    hook = Client(raise_request_exception=False)
+    with database_unreachable():
+        answer = hook.post(
+            "/hooks/claude-code/pre-tool-use",
+            {"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {}},
+            content_type="application/json",
+            HTTP_AUTHORIZATION="Bearer egw_looked_up_in_the_database",
+        )
+    assert_database_unavailable_problem(answer)
+
+
 def test_a_submission_on_a_terminated_backend_is_503_and_the_retry_is_recorded(agent):
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
