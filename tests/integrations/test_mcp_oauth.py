@@ -8,14 +8,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
 from html.parser import HTMLParser
-from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
@@ -30,50 +24,12 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAu
 
 from gateway.choices import Role
 from gateway.models import Command, OAuthConnection, Principal
+from tests.support.mcp import free_port, streamable_http_mcp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"
 CALLBACK = "http://127.0.0.1:9/callback"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_mcp(gateway_url: str, port: int, *extra: str) -> subprocess.Popen:
-    # This checkout's client package first (an editable install may point at another).
-    paths = [str(ROOT / "clients" / "python" / "src"), str(ROOT)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    env.pop("GATEWAY_TOKEN", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.mcp_server",
-            "--gateway-url",
-            gateway_url,
-            "--transport",
-            "streamable-http",
-            "--port",
-            str(port),
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    return process
 
 
 @pytest.fixture
@@ -83,10 +39,8 @@ def mcp_url(gateway_url, settings):
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     settings.GATEWAY_OAUTH_RESOURCES = [url, "http://127.0.0.1:9/other/mcp"]
-    process = start_mcp(gateway_url, port)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with streamable_http_mcp(gateway_url, port=port):
+        yield url
 
 
 @pytest.fixture
