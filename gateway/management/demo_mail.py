@@ -42,8 +42,9 @@ class Archive:
     password: str
 
 
-def _owner() -> tuple[int, int, str, str]:
-    """Who Dovecot's processes and the mail run as: nobody as root, else ourselves."""
+def dovecot_owner() -> tuple[int, int, str, str]:
+    """Who Dovecot's processes and the mail run as: nobody as root, else ourselves (uid, gid,
+    user, group)."""
     account = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.getuid())
     group = grp.getgrgid(account.pw_gid).gr_name
     return account.pw_uid, account.pw_gid, account.pw_name, group
@@ -51,7 +52,7 @@ def _owner() -> tuple[int, int, str, str]:
 
 def configure_dovecot(root: Path, maildir: Path, port: int) -> Archive:
     """Write Dovecot's configuration under ``root`` for ``maildir`` on loopback ``port``."""
-    uid, gid, user, group = _owner()
+    uid, gid, _, _ = dovecot_owner()
     for sub in ("new", "cur", "tmp"):
         (maildir / sub).mkdir(parents=True, exist_ok=True)
     for path in (root / "run", root / "state", root / "home"):
@@ -63,18 +64,43 @@ def configure_dovecot(root: Path, maildir: Path, port: int) -> Archive:
     passwd = root / "passwd"
     passwd.write_text(f"{IMAP_USER}:{{PLAIN}}{password}:{uid}:{gid}::{root / 'home'}\n")
     passwd.chmod(0o644)
+    config = write_dovecot_config(root, maildir, port, instance="demo")
+    return Archive([DOVECOT, "-F", "-c", str(config)], port, password)
+
+
+def write_dovecot_config(
+    root: Path,
+    maildir: Path,
+    port: int,
+    *,
+    instance: str,
+    tls: tuple[int, Path, Path] | None = None,
+) -> Path:
+    """Write ``root/dovecot.conf``: Dovecot with only this configuration, its state under
+    ``root``, the users of ``root/passwd`` (plain passwords), ``maildir`` as their mail, IMAP on
+    loopback ``port``; with ``tls`` (IMAPS port, certificate, key) IMAPS too, else no TLS."""
+    uid, _, user, group = dovecot_owner()
+    if tls is None:
+        ssl, imaps = "ssl = no", "port = 0"
+    else:
+        tls_port, cert, key = tls
+        ssl = f"ssl = yes\nssl_cert = <{cert}\nssl_key = <{key}"
+        imaps = f"address = 127.0.0.1\n    port = {tls_port}"
     config = root / "dovecot.conf"
     config.write_text(
         _CONFIG.format(
             root=root,
             maildir=maildir,
             port=port,
+            instance=instance,
             user=user,
             group=group,
             first_uid=min(uid, 500) or 1,
+            ssl=ssl,
+            imaps=imaps,
         )
     )
-    return Archive([DOVECOT, "-F", "-c", str(config)], port, password)
+    return config
 
 
 def imap_ready(port: int):
@@ -111,12 +137,12 @@ listen = 127.0.0.1
 base_dir = {root}/run
 state_dir = {root}/state
 log_path = {root}/dovecot.log
-instance_name = effect-gateway-demo-{port}
+instance_name = effect-gateway-{instance}-{port}
 default_internal_user = {user}
 default_internal_group = {group}
 default_login_user = {user}
 first_valid_uid = {first_uid}
-ssl = no
+{ssl}
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 mail_location = maildir:{maildir}
@@ -135,7 +161,7 @@ service imap-login {{
     port = {port}
   }}
   inet_listener imaps {{
-    port = 0
+    {imaps}
   }}
 }}
 service anvil {{

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gateway.models import Command, Effect
+from tests.support.mcp import free_port, streamable_http_mcp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,12 +45,6 @@ def test_every_example_is_run_here():
         "webhook-verify",
     }
     assert names == ran, f"examples without a test: {names - ran}, tests without: {ran - names}"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -103,36 +96,10 @@ def test_python_examples(env, sandbox, eager_tasks):
 def test_mcp_examples(env, sandbox, eager_tasks):
     out = run("mcp-stdio", env)
     assert "ticket_create" in out and "CONFIRMED" in out
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "effect_gateway_client.mcp_server",
-            "--transport",
-            "streamable-http",
-            "--port",
-            str(port),
-            "--gateway-url",
-            env["GATEWAY_URL"],
-        ],
-        cwd=ROOT,
-        env={k: v for k, v in env.items() if k != "GATEWAY_TOKEN"},
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        out = run("mcp-http", {**env, "MCP_URL": f"http://127.0.0.1:{port}/mcp"})
+    command = [sys.executable, "-m", "effect_gateway_client.mcp_server"]
+    with streamable_http_mcp(env["GATEWAY_URL"], command=command, env=env) as url:
+        out = run("mcp-http", {**env, "MCP_URL": url})
         assert "tools, e.g." in out
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def test_hook_and_webhook_examples(env, sandbox):

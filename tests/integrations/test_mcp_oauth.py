@@ -8,14 +8,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
 from html.parser import HTMLParser
-from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
@@ -30,50 +24,12 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAu
 
 from gateway.choices import Role
 from gateway.models import Command, OAuthConnection, Principal
+from tests.support.mcp import free_port, streamable_http_mcp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"
 CALLBACK = "http://127.0.0.1:9/callback"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_mcp(gateway_url: str, port: int, *extra: str) -> subprocess.Popen:
-    # This checkout's client package first (an editable install may point at another).
-    paths = [str(ROOT / "clients" / "python" / "src"), str(ROOT)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    env.pop("GATEWAY_TOKEN", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.mcp_server",
-            "--gateway-url",
-            gateway_url,
-            "--transport",
-            "streamable-http",
-            "--port",
-            str(port),
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    return process
 
 
 @pytest.fixture
@@ -83,10 +39,8 @@ def mcp_url(gateway_url, settings):
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     settings.GATEWAY_OAUTH_RESOURCES = [url, "http://127.0.0.1:9/other/mcp"]
-    process = start_mcp(gateway_url, port)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with streamable_http_mcp(gateway_url, port=port):
+        yield url
 
 
 @pytest.fixture
@@ -480,20 +434,23 @@ def test_origin_and_host_are_still_checked_with_an_oauth_token(mcp_url, admin_pe
     assert mcp_post(mcp_url, token, Origin=f"http://127.0.0.1:{port}").status_code == 200
 
 
-def test_a_code_exchanged_without_its_verifier_is_refused(admin_person, bot, settings):
+def consent_form(admin_person: Principal, settings) -> tuple[Client, str, Form]:
+    """A client registered for a resource the gateway knows, and the admin's authorize page
+    for it: the signed-in browser, the authorize URL and the page's form."""
     resource = "http://127.0.0.1:9/mcp"
     settings.GATEWAY_OAUTH_RESOURCES = [resource]
     browser = Client()
     browser.force_login(admin_person.user)
-    client_id = register(browser)
     _, challenge = pkce()
-    page = browser.get(authorize_query(client_id, resource, challenge))
+    query = authorize_query(register(browser), resource, challenge)
     form = Form()
-    form.feed(page.text)
-    answer = browser.post(
-        authorize_query(client_id, resource, challenge),
-        {**form.fields, "allow": "on", "principal": str(bot.pk)},
-    )
+    form.feed(browser.get(query).text)
+    return browser, query, form
+
+
+def test_a_code_exchanged_without_its_verifier_is_refused(admin_person, bot, settings):
+    browser, query, form = consent_form(admin_person, settings)
+    answer = browser.post(query, {**form.fields, "allow": "on", "principal": str(bot.pk)})
     code = parse_qs(urlsplit(answer["Location"]).query)["code"][0]
     for verifier in ({}, {"code_verifier": secrets.token_urlsafe(48)}):
         exchanged = Client(enforce_csrf_checks=True).post(
@@ -502,7 +459,7 @@ def test_a_code_exchanged_without_its_verifier_is_refused(admin_person, bot, set
                 "grant_type": "authorization_code",
                 "code": code,
                 "redirect_uri": CALLBACK,
-                "client_id": client_id,
+                "client_id": parse_qs(urlsplit(query).query)["client_id"][0],
                 **verifier,
             },
         )
@@ -511,16 +468,8 @@ def test_a_code_exchanged_without_its_verifier_is_refused(admin_person, bot, set
 
 
 def test_a_denied_client_gets_no_code(admin_person, bot, settings):
-    resource = "http://127.0.0.1:9/mcp"
-    settings.GATEWAY_OAUTH_RESOURCES = [resource]
-    browser = Client()
-    browser.force_login(admin_person.user)
-    client_id = register(browser)
-    _, challenge = pkce()
-    page = browser.get(authorize_query(client_id, resource, challenge))
-    form = Form()
-    form.feed(page.text)
-    answer = browser.post(authorize_query(client_id, resource, challenge), form.fields)
+    browser, query, form = consent_form(admin_person, settings)
+    answer = browser.post(query, form.fields)
     params = parse_qs(urlsplit(answer["Location"]).query)
     assert params["error"] == ["access_denied"] and "code" not in params
     assert not OAuthConnection.objects.exists()

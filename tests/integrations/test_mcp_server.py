@@ -21,6 +21,7 @@ from mcp.shared.exceptions import McpError
 
 from gateway.contracts import CONTRACTS
 from gateway.models import ApiToken, Command
+from tests.support.mcp import streamable_http_mcp
 from tests.support.strict_schemas import strict_mode_problems
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -334,41 +335,8 @@ def test_an_approval_needing_command_tells_the_model_to_wait(
 @pytest.fixture
 def http_mcp(gateway_url):
     """``effect-gateway-mcp --transport streamable-http`` on a free port, without a token."""
-    import socket
-    import time
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("GATEWAY_TOKEN", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.mcp_server",
-            "--gateway-url",
-            gateway_url,
-            "--transport",
-            "streamable-http",
-            "--port",
-            str(port),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with streamable_http_mcp(gateway_url) as url:
+        yield url
 
 
 def test_remote_mcp_over_streamable_http_with_bearer_tokens(http_mcp, agent, sandbox, eager_tasks):

@@ -5,7 +5,8 @@
   copy into a Maildir the way an MTA's local delivery would, and has fault modes.
 - ``Dovecot``: Debian's ``dovecot-imapd`` as a child process with its own configuration in a
   temp dir (a passwd-file user, a Maildir, a free loopback port, IMAPS with the test's
-  certificate, no system configuration).
+  certificate, no system configuration), written as the demo's archive writes it
+  (``gateway.management.demo_mail``).
 - The servers' certificate comes from ``tests.support.tls.self_signed_certificate``: a
   throwaway one for 127.0.0.1, its own CA file.
 """
@@ -13,9 +14,7 @@
 from __future__ import annotations
 
 import asyncio
-import grp
 import os
-import pwd
 import secrets
 import signal
 import socket
@@ -31,7 +30,7 @@ from typing import Any
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
-DOVECOT = "/usr/sbin/dovecot"
+from gateway.management.demo_mail import DOVECOT, dovecot_owner, write_dovecot_config
 
 
 def free_port() -> int:
@@ -190,10 +189,8 @@ class Dovecot:
         self.root = root
         self.password = secrets.token_urlsafe(12)
         self.port, self.tls_port = free_port(), free_port()
-        # As root, mail is accessed (and the processes run) as nobody; otherwise as ourselves.
-        account = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.getuid())
-        self.owner = (account.pw_uid, account.pw_gid)
-        self.user = account.pw_name
+        uid, gid, _, _ = dovecot_owner()
+        self.owner = (uid, gid)
         self.home = root / "home" / "archive"
         self.maildir = self.home / "Maildir"
         self._certificate = certificate
@@ -212,19 +209,13 @@ class Dovecot:
         (self.root / "passwd").write_text(
             f"archive:{{PLAIN}}{self.password}:{uid}:{gid}::{self.home}\n"
         )
-        config = _DOVECOT_CONF.format(
-            root=self.root,
-            user=self.user,
-            group=grp.getgrgid(gid).gr_name,
-            first_uid=min(uid, 500) or 1,
-            port=self.port,
-            tls_port=self.tls_port,
-            cert=self._certificate[0],
-            key=self._certificate[1],
+        return write_dovecot_config(
+            self.root,
+            self.maildir,
+            self.port,
+            instance="test",
+            tls=(self.tls_port, *self._certificate),
         )
-        path = self.root / "dovecot.conf"
-        path.write_text(config)
-        return path
 
     def __enter__(self) -> Dovecot:
         config = self._configure()
@@ -283,45 +274,3 @@ def _stop_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-_DOVECOT_CONF = """\
-protocols = imap
-listen = 127.0.0.1
-base_dir = {root}/run
-state_dir = {root}/state
-log_path = {root}/dovecot.log
-instance_name = effect-gateway-test-{port}
-default_internal_user = {user}
-default_internal_group = {group}
-default_login_user = {user}
-first_valid_uid = {first_uid}
-ssl = yes
-ssl_cert = <{cert}
-ssl_key = <{key}
-disable_plaintext_auth = no
-auth_mechanisms = plain login
-mail_location = maildir:~/Maildir
-passdb {{
-  driver = passwd-file
-  args = scheme=PLAIN {root}/passwd
-}}
-userdb {{
-  driver = passwd-file
-  args = {root}/passwd
-}}
-service imap-login {{
-  chroot =
-  inet_listener imap {{
-    address = 127.0.0.1
-    port = {port}
-  }}
-  inet_listener imaps {{
-    address = 127.0.0.1
-    port = {tls_port}
-  }}
-}}
-service anvil {{
-  chroot =
-}}
-"""

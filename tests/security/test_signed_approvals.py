@@ -67,17 +67,63 @@ def challenge_for(persona: Persona, effect_id: str) -> dict:
     return response.json()
 
 
+def signed_body(effect: dict, challenge: dict, key_id: str, signature: str) -> dict:
+    """The approve request's body: the effect's digest and a signature under ``challenge``."""
+    return {
+        "payload_digest": effect["payload_digest"],
+        "signature": {"nonce": challenge["nonce"], "key_id": key_id, "signature": signature},
+    }
+
+
+def approve_with(persona: Persona, effect: dict, body: dict):
+    return persona.client.post(
+        f"/api/v1/effects/{effect['effect_id']}/approve", body, format="json"
+    )
+
+
 def approve_signed(persona: Persona, key: MachineKey, key_id: str, effect: dict):
     challenge = challenge_for(persona, effect["effect_id"])
     signature = key.sign(ac.unb64url(challenge["challenge"]))
-    return persona.client.post(
-        f"/api/v1/effects/{effect['effect_id']}/approve",
-        {
-            "payload_digest": effect["payload_digest"],
-            "signature": {"nonce": challenge["nonce"], "key_id": key_id, "signature": signature},
-        },
-        format="json",
+    return approve_with(persona, effect, signed_body(effect, challenge, key_id, signature))
+
+
+def challenge_bytes(effect: dict, nonce: str, digest: str | None = None) -> bytes:
+    """What an approver signs for ``effect`` (over ``digest``, default the effect's own)."""
+    return ac.challenge(
+        tenant="acme",
+        effect_id=effect["effect_id"],
+        payload_digest=digest or effect["payload_digest"],
+        decision="approve",
+        nonce=nonce,
     )
+
+
+def store_signature(
+    effect: dict, principal: str, key: SigningKey, nonce: str, signature: str
+) -> ApprovalSignature:
+    """What a writer of the database stores beside a forged approval row."""
+    return ApprovalSignature.objects.create(
+        effect_id=effect["effect_id"],
+        principal=principal,
+        key=key,
+        decision="approve",
+        payload_digest=effect["payload_digest"],
+        nonce=nonce,
+        signature=signature,
+    )
+
+
+def rogue_key(principal: str, **confirmation) -> tuple[MachineKey, SigningKey]:
+    """A key a writer inserts for ``principal`` themselves, not registered through the API."""
+    rogue = MachineKey()
+    key = SigningKey.objects.create(
+        principal=principal,
+        kind="ed25519",
+        credential_id="ed25519:rogue",
+        public_key=rogue.public,
+        **confirmation,
+    )
+    return rogue, key
 
 
 def forge_approval(effect_id: str, approver: Persona) -> None:
@@ -163,14 +209,7 @@ def test_a_used_challenge_and_another_persons_key_are_refused(
     persona, key, key_id = machine
     effect = agent.submit(refund(), "refund-1").json()
     challenge = challenge_for(persona, effect["effect_id"])
-    body = {
-        "payload_digest": effect["payload_digest"],
-        "signature": {
-            "nonce": challenge["nonce"],
-            "key_id": key_id,
-            "signature": key.sign(ac.unb64url(challenge["challenge"])),
-        },
-    }
+    body = signed_body(effect, challenge, key_id, key.sign(ac.unb64url(challenge["challenge"])))
     # alice presents the machine's signature: not her key.
     url = f"/api/v1/effects/{effect['effect_id']}/approve"
     assert approver.client.post(url, body, format="json").status_code == 403
@@ -186,18 +225,8 @@ def test_an_expired_challenge_is_refused(signed_approvals, agent, machine):
     SigningChallenge.objects.filter(nonce=challenge["nonce"]).update(
         expires_at=timezone.now() - timedelta(seconds=1)
     )
-    response = persona.client.post(
-        f"/api/v1/effects/{effect['effect_id']}/approve",
-        {
-            "payload_digest": effect["payload_digest"],
-            "signature": {
-                "nonce": challenge["nonce"],
-                "key_id": key_id,
-                "signature": key.sign(ac.unb64url(challenge["challenge"])),
-            },
-        },
-        format="json",
-    )
+    signature = key.sign(ac.unb64url(challenge["challenge"]))
+    response = approve_with(persona, effect, signed_body(effect, challenge, key_id, signature))
     assert response.status_code == 403 and "expired" in response.json()["detail"]
     assert Effect.objects.get(pk=effect["effect_id"]).status == "AWAITING_APPROVAL"
 
@@ -206,24 +235,9 @@ def test_a_signature_over_another_digest_is_refused_at_approval(signed_approvals
     persona, key, key_id = machine
     effect = agent.submit(refund(), "refund-1").json()
     challenge = challenge_for(persona, effect["effect_id"])
-    other = ac.challenge(
-        tenant="acme",
-        effect_id=effect["effect_id"],
-        payload_digest="sha256:" + "1" * 64,
-        decision="approve",
-        nonce=challenge["nonce"],
-    )
-    response = persona.client.post(
-        f"/api/v1/effects/{effect['effect_id']}/approve",
-        {
-            "payload_digest": effect["payload_digest"],
-            "signature": {
-                "nonce": challenge["nonce"],
-                "key_id": key_id,
-                "signature": key.sign(other),
-            },
-        },
-        format="json",
+    other = challenge_bytes(effect, challenge["nonce"], "sha256:" + "1" * 64)
+    response = approve_with(
+        persona, effect, signed_body(effect, challenge, key_id, key.sign(other))
     )
     assert response.status_code == 403
     assert "does not verify" in response.json()["detail"]
@@ -251,15 +265,8 @@ def test_a_garbage_assertion_stored_with_a_forged_row_is_refused(
     persona, _, key_id = machine
     effect = agent.submit(refund(), "refund-1").json()
     forge_approval(effect["effect_id"], persona)
-    ApprovalSignature.objects.create(
-        effect_id=effect["effect_id"],
-        principal=persona.principal,
-        key=SigningKey.objects.get(credential_id=key_id),
-        decision="approve",
-        payload_digest=effect["payload_digest"],
-        nonce="made-up",
-        signature=ac.b64url(b"\x00" * 64),
-    )
+    key = SigningKey.objects.get(credential_id=key_id)
+    store_signature(effect, persona.principal, key, "made-up", ac.b64url(b"\x00" * 64))
     event = assert_refused_at_dispatch(effect["effect_id"], sandbox, kind="approval_unverified")
     assert "does not verify" in event.reason
 
@@ -290,23 +297,9 @@ def test_an_approvers_signature_over_another_digest_is_refused_at_dispatch(
     persona, key, key_id = machine
     effect = agent.submit(refund(), "refund-1").json()
     forge_approval(effect["effect_id"], persona)
-    nonce = "n-1"
-    shown = ac.challenge(
-        tenant="acme",
-        effect_id=effect["effect_id"],
-        payload_digest="sha256:" + "2" * 64,
-        decision="approve",
-        nonce=nonce,
-    )
-    ApprovalSignature.objects.create(
-        effect_id=effect["effect_id"],
-        principal=persona.principal,
-        key=SigningKey.objects.get(credential_id=key_id),
-        decision="approve",
-        payload_digest=effect["payload_digest"],
-        nonce=nonce,
-        signature=key.sign(shown),
-    )
+    shown = challenge_bytes(effect, "n-1", "sha256:" + "2" * 64)
+    stored_key = SigningKey.objects.get(credential_id=key_id)
+    store_signature(effect, persona.principal, stored_key, "n-1", key.sign(shown))
     event = assert_refused_at_dispatch(effect["effect_id"], sandbox, kind="approval_unverified")
     assert "does not verify" in event.reason
 
@@ -317,31 +310,9 @@ def test_a_signature_by_a_key_inserted_unconfirmed_is_refused_at_dispatch(
     """A writer inserts a key of their own for alice, unconfirmed, and signs with it."""
     effect = agent.submit(refund(), "refund-1").json()
     forge_approval(effect["effect_id"], approver)
-    rogue = MachineKey()
-    key = SigningKey.objects.create(
-        principal=approver.principal,
-        kind="ed25519",
-        credential_id="ed25519:rogue",
-        public_key=rogue.public,
-    )
-    nonce = "n-2"
-    ApprovalSignature.objects.create(
-        effect_id=effect["effect_id"],
-        principal=approver.principal,
-        key=key,
-        decision="approve",
-        payload_digest=effect["payload_digest"],
-        nonce=nonce,
-        signature=rogue.sign(
-            ac.challenge(
-                tenant="acme",
-                effect_id=effect["effect_id"],
-                payload_digest=effect["payload_digest"],
-                decision="approve",
-                nonce=nonce,
-            )
-        ),
-    )
+    rogue, key = rogue_key(approver.principal)
+    signature = rogue.sign(challenge_bytes(effect, "n-2"))
+    store_signature(effect, approver.principal, key, "n-2", signature)
     event = assert_refused_at_dispatch(effect["effect_id"], sandbox, kind="approval_unverified")
     assert "never confirmed" in event.reason
 
@@ -411,33 +382,11 @@ def test_a_key_row_confirmed_in_the_database_alone_is_refused_at_dispatch(
     """The writer also fills in ``confirmed_by``: the audit chain has no confirmation of it."""
     effect = agent.submit(refund(), "refund-1").json()
     forge_approval(effect["effect_id"], approver)
-    rogue = MachineKey()
-    key = SigningKey.objects.create(
-        principal=approver.principal,
-        kind="ed25519",
-        credential_id="ed25519:rogue",
-        public_key=rogue.public,
-        confirmed_by=admin.principal,
-        confirmed_at=timezone.now(),
+    rogue, key = rogue_key(
+        approver.principal, confirmed_by=admin.principal, confirmed_at=timezone.now()
     )
-    nonce = "n-3"
-    ApprovalSignature.objects.create(
-        effect_id=effect["effect_id"],
-        principal=approver.principal,
-        key=key,
-        decision="approve",
-        payload_digest=effect["payload_digest"],
-        nonce=nonce,
-        signature=rogue.sign(
-            ac.challenge(
-                tenant="acme",
-                effect_id=effect["effect_id"],
-                payload_digest=effect["payload_digest"],
-                decision="approve",
-                nonce=nonce,
-            )
-        ),
-    )
+    signature = rogue.sign(challenge_bytes(effect, "n-3"))
+    store_signature(effect, approver.principal, key, "n-3", signature)
     event = assert_refused_at_dispatch(effect["effect_id"], sandbox, kind="approval_unverified")
     assert "not in the audit chain" in event.reason
 
