@@ -118,6 +118,18 @@ def _check_secret(secret: object) -> str:
     return value
 
 
+def provider_rate(provider: str) -> str:
+    """The provider's configured rate limit ("50/s"; "" for none, or a malformed entry)."""
+    raw = settings.GATEWAY_PROVIDERS.get(provider)
+    if raw is None:
+        return ""
+    try:
+        rate = parse_entry(provider, raw).rate_limit
+    except Exception:  # a malformed entry is the start-up checks' report
+        return ""
+    return rate.text if rate is not None else ""
+
+
 def _check_rate(provider: str, rate: object) -> str:
     """A credential's own rate: "" (the provider's) or a rate such as "25/s", for a provider
     whose ``GATEWAY_PROVIDERS`` entry has a ``rate_limit`` (the gates count permits only for
@@ -130,8 +142,7 @@ def _check_rate(provider: str, rate: object) -> str:
         text = parse_rate(rate).text
     except ValueError as exc:
         raise ValidationProblem(str(exc), errors={"rate_limit": [str(exc)]}) from None
-    raw = settings.GATEWAY_PROVIDERS.get(provider)
-    if raw is None or parse_entry(provider, raw).rate_limit is None:
+    if not provider_rate(provider):
         problem = (
             f"{provider} has no rate_limit in GATEWAY_PROVIDERS: a credential's own rate "
             "refines the provider's, which the operator sets first"

@@ -229,3 +229,28 @@ def test_a_single_dispatch_is_held_by_its_own_credential_only(
     assert held.next_dispatch_at >= max(due_before, use.paused_until)
     assert Effect.objects.get(pk=theirs).status == "CONFIRMED"
     assert (carried_by(proxy, ACME), carried_by(proxy, DEPLOYMENT)) == (0, 1)
+
+
+def test_the_console_sets_a_credential_rate_and_the_providers_page_shows_its_use(
+    proxy, sandbox, agent, ticket_body
+):
+    from tests.console.conftest import person
+
+    root = person("acme", "root", "admin")
+    made = root.client.post(
+        "/providers/tickets/credentials/set", {"secret": ACME, "rate_limit": "1/min"}
+    )
+    assert made.status_code == 302
+    html = root.client.get("/providers/tickets/credentials").content.decode()
+    assert 'data-rate="1/min"' in html and "100/s" in html  # the provider's, as the default
+    refused = root.client.post(
+        "/providers/tickets/credentials/rotate",
+        {"secret": ACME_NEXT, "confirm": "on", "rate_limit": "soon"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert refused.status_code == 400 and "not a rate" in refused.content.decode()
+    ids = submitted(agent, ticket_body, ["counted-1", "counted-2"])
+    dispatcher.drain(flag=None, worker="test")
+    assert statuses(ids) == Counter({"CONFIRMED": 1, "PREPARED": 1})
+    page = root.client.get("/providers").content.decode()
+    assert "your credential&#x27;s rate 1 / 1 (1/min)" in page, page

@@ -134,3 +134,17 @@ def test_with_redis_down_the_limits_hold_per_process_and_sends_go_on(capped, set
         settings.CELERY_BROKER_URL = previous
         broker.client.cache_clear()
         protection.reset()
+
+
+@pytest.mark.django_db  # /metrics reads the ledger's gauges too
+def test_metrics_show_each_credentials_rate_use_and_pause_by_fingerprint(settings):
+    settings.GATEWAY_PROVIDERS = {"tickets": {"rate_limit": "100/s"}}
+    assert not isinstance(protection.admit("tickets", 1, credential="fp-a"), Hold)
+    paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
+    protection.observe("tickets", [paused], credential="fp-b")
+    text = generate_latest(REGISTRY).decode()
+    assert 'gateway_provider_credential_rate_used{credential="fp-a",provider="tickets"} 1.0' in text
+    assert 'gateway_provider_paused_seconds{credential="deployment",provider="tickets"} 0.0' in text
+    line = next(x for x in text.splitlines() if x.startswith(
+        'gateway_provider_paused_seconds{credential="fp-b"'))  # fmt: skip
+    assert 25 < float(line.split()[-1]) <= 30
