@@ -3,9 +3,10 @@ one effect at a time: the single dispatch (``services.effect_dispatch``, the swe
 message) and the general path a drainer hands refused rows to.
 
 A gate is asked before the claim, for the credential the effect goes out with
-(``provider_credentials.dispatch_sender``: its tenant's own, or the deployment's). An effect it holds back is not claimed: it stays PREPARED
-or NOT_STARTED, and its ``next_dispatch_at`` moves to when the gate reopens, so the dispatch
-sweep hands it to a worker again then (``defer``). A drainer leaves held providers out of its
+(``provider_credentials.dispatch_sender``: its tenant's own, or the deployment's). An effect
+it holds back is not claimed: it stays PREPARED or NOT_STARTED, and its ``next_dispatch_at``
+moves to when the gate reopens, so the dispatch sweep hands it to a worker again then
+(``defer``). A drainer leaves held providers out of its
 claim statements (gateway.dispatcher) and drains again when the earliest gate reopens.
 """
 

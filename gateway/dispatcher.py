@@ -61,10 +61,10 @@ never after: a provider held back (an open circuit) is left out of the claim; a 
 a rate, a cap, a probe to take or a credential paused by a ``Retry-After`` gets claims of its
 own, limited per credential to what its gates granted (the deployment's credential, then each
 tenant credential its due effects go out with: ``_claim_counted``), and the grants its claims
-did not use are given back; the rest of the slots claim every other provider's effects. Held effects stay due; the drainer threads of
-this process drain again when the earliest gate reopens (``_reopen``), and the dispatch sweep
-covers a worker that died meanwhile. A claimed effect's lease on its provider's cap is given
-back when its answer is recorded.
+did not use are given back; the rest of the slots claim every other provider's effects. Held
+effects stay due; the drainer threads of this process drain again when the earliest gate
+reopens (``_reopen``), and the dispatch sweep covers a worker that died meanwhile. A claimed
+effect's lease on its provider's cap is given back when its answer is recorded.
 
 **Crash safety** is the single dispatch's: each claim statement commits before any of its
 effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
@@ -593,11 +593,12 @@ class _Drainer:
         asks = [(fp, rows[0].rate, min(len(rows), left)) for fp, rows in wanted.items()]
         permits = protection.admit_many(provider, asks)
         keys: dict[str, str] = {}
-        for fp, granted_to in permits.items():
+        for fp, rows in wanted.items():
+            granted_to = permits[fp]
             if isinstance(granted_to, Hold):
                 _reopen.note(granted_to.until)
                 continue
-            keys.update((row.effect_id, fp) for row in wanted[str(fp)][: granted_to.granted])
+            keys.update((row.effect_id, fp) for row in rows[: granted_to.granted])
         more = Batch([], [])
         try:
             if keys:
@@ -606,10 +607,11 @@ class _Drainer:
             claimed: dict[str, list[BatchClaim]] = {}
             for claim in more.claims:
                 claimed.setdefault(keys[claim.effect_id], []).append(claim)
-            for fp, granted_to in permits.items():
+            for fp in wanted:
+                granted_to = permits[fp]
                 if not isinstance(granted_to, Hold):
-                    granted_to.keep(len(claimed.get(str(fp), [])))
-                    self._lease(claimed.get(str(fp), []), granted_to)
+                    granted_to.keep(len(claimed.get(fp, [])))
+                    self._lease(claimed.get(fp, []), granted_to)
         return Batch(batch.claims + more.claims, batch.refused + more.refused)
 
     def _lease(self, claims: list[BatchClaim], permit: protection.Permit) -> None:

@@ -243,9 +243,7 @@ def claim_sent_with(
     """Claim the effects of ``keys`` (effect id -> the fingerprint of the credential it was
     admitted for) that are still due and still go out with that credential."""
     params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
-    params.update(
-        ids=list(keys), keys=json.dumps(keys), limit=len(keys), skip=list(skip)
-    )
+    params.update(ids=list(keys), keys=json.dumps(keys), limit=len(keys), skip=list(skip))
     return _batch_of(_execute(_CLAIM_SENT_WITH, params))[0]
 
 

@@ -230,9 +230,7 @@ def credential_set(
             raise CredentialConflict(
                 f"{provider} already has an active credential: rotate it to replace it."
             )
-        row = _insert(
-            actor=actor, provider=provider, secret=value, replaces=None, rate_limit=rate
-        )
+        row = _insert(actor=actor, provider=provider, secret=value, replaces=None, rate_limit=rate)
         audit.record_control(
             tenant_id=actor.tenant_id,
             kind="provider_credential_set",
@@ -440,7 +438,6 @@ THEN COALESCE(
       WHERE pc2.tenant_id = e.tenant_id AND pc2.provider = c.provider
         AND pc2.state = '{CredentialState.ACTIVE.value}'))
 END"""
-
 
 
 def rate_of_sql(row: str) -> str:

@@ -978,7 +978,9 @@ def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallRes
     return first
 
 
-def _observe_dispatch(effect_type: str, result: CallResult, seconds: float, send_as: SendAs) -> None:
+def _observe_dispatch(
+    effect_type: str, result: CallResult, seconds: float, send_as: SendAs
+) -> None:
     from gateway.metrics import DISPATCH_SECONDS
 
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)

@@ -38,7 +38,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -349,7 +349,7 @@ def admit(
 
 
 def admit_many(
-    provider: str, wants: list[tuple[str | None, str, int]]
+    provider: str, wants: Sequence[tuple[str | None, str, int]]
 ) -> dict[str | None, Permit | Hold]:
     """``admit`` for several credentials of one provider, in one change of its state: per
     (credential, its own rate, sends wanted), in that order, a permit or a hold. They share
@@ -377,7 +377,7 @@ def admit_many(
             out[credential] = admission.hold
             continue
         if admission.probe:
-            logger.warning("provider circuit half-open: one probe call", extra={"provider": provider})
+            logger.warning("provider circuit half-open: one probe", extra={"provider": provider})
         leases = list(admission.leases)
         out[credential] = Permit(provider, admission.granted, leases, admission.probe, rules)
     return out
@@ -414,9 +414,7 @@ def release(provider: str, leases: Iterable[str | None], *, probe: bool = False)
         logger.warning("could not give provider leases back", exc_info=True)
 
 
-def observe(
-    provider: str, results: Iterable[CallResult], *, credential: str | None = None
-) -> None:
+def observe(provider: str, results: Iterable[CallResult], *, credential: str | None = None) -> None:
     """Count answers of ``provider`` for its circuit, and the pause a 429 or 503 asked for
     (``Retry-After``: every worker waits that long before its next call there with the same
     ``credential``, a tenant's fingerprint or None for the deployment's). Never raises: the

@@ -8,6 +8,7 @@ test_credential_rates.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
@@ -127,7 +128,7 @@ def test_a_tenant_credential_at_its_rate_holds_no_other_tenant(
     acme = [event["at"] for event in posts(proxy, ACME)]
     assert len(acme) == 6
     # acme's own rate, across both workers: one send every half second.
-    for first, second in zip(acme, acme[1:], strict=False):
+    for first, second in itertools.pairwise(acme):
         assert second - first >= 0.45, acme
     rest = [event["at"] for event in posts(proxy, GLOBEX) + posts(proxy, DEPLOYMENT)]
     assert len(rest) == 12

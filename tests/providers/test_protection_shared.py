@@ -101,8 +101,9 @@ def test_a_credential_has_a_rate_of_its_own(settings):
     assert not isinstance(protection.admit("tickets", 1), Hold)
     assert isinstance(protection.admit("tickets", 1), Hold)  # the deployment's: spent
     permits = protection.admit_many("tickets", [("fp-a", "", 3), ("fp-b", "3/s", 3)])
-    assert not isinstance(a := permits["fp-a"], Hold) and a.granted == 1  # the provider's
-    assert not isinstance(b := permits["fp-b"], Hold) and b.granted == 1  # evenly spaced
+    a, b = permits["fp-a"], permits["fp-b"]
+    assert not isinstance(a, Hold) and a.granted == 1  # the provider's
+    assert not isinstance(b, Hold) and b.granted == 1  # evenly spaced
     b.keep(0)  # given back: the next admission finds it
     assert not isinstance(protection.admit("tickets", 1, credential="fp-b", rate="3/s"), Hold)
 

@@ -256,7 +256,10 @@ class _Handler(BaseHTTPRequestHandler):
         action = rule.action if rule is not None else "forward"
         params = rule.params if rule is not None else {}
         event: dict[str, Any] = {
-            "method": method, "path": self.path, "action": action, "at": time.time()
+            "method": method,
+            "path": self.path,
+            "action": action,
+            "at": time.time(),
         }
         if proxy.record_headers:
             event["headers"] = {
