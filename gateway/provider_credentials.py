@@ -565,6 +565,32 @@ def _note(type_: str, row: ProviderCredential | None, attempt_ids: list[int]) ->
     return SendAs(credential)
 
 
+def lookup_fingerprints(effect_ids: list[str]) -> dict[str, str | None]:
+    """Per effect, the fingerprint of the tenant credential its lookups ask with (its latest
+    attempt's, as ``lookup_credential`` finds it), or None for the deployment's: in two
+    queries for the lot."""
+    latest: dict[str, tuple[int, str]] = {}
+    for effect_id, number, shown in Attempt.objects.filter(effect_id__in=effect_ids).values_list(
+        "effect_id", "number", "credential_fingerprint"
+    ):
+        if effect_id not in latest or number > latest[effect_id][0]:
+            latest[effect_id] = (number, shown or "")
+    rows = Effect.objects.filter(pk__in=effect_ids).values_list(
+        "pk", "tenant_id", "command__provider"
+    )
+    wanted = {(tenant, provider, latest.get(pk, (0, ""))[1]) for pk, tenant, provider in rows}
+    own = set(
+        ProviderCredential.objects.filter(
+            tenant_id__in={w[0] for w in wanted}, fingerprint__in={w[2] for w in wanted if w[2]}
+        ).values_list("tenant_id", "provider", "fingerprint")
+    ) if any(w[2] for w in wanted) else set()  # fmt: skip
+    out: dict[str, str | None] = {}
+    for pk, tenant, provider in rows:
+        shown = latest.get(pk, (0, ""))[1]
+        out[pk] = shown if (tenant, provider, shown) in own else None
+    return out
+
+
 def lookup_credential(effect: Effect, contract: EffectContract) -> tuple[Credential | None, str]:
     """The credential to ask about ``effect`` with: the one that sent its latest attempt
     (None: the deployment's). A problem ("" when none) when that credential is retired or

@@ -149,6 +149,12 @@ def _parsed_rate(text: str) -> Rate | None:
         return None
 
 
+def lookup_key(provider: str, credential: str | None) -> str:
+    """The rate key a call with ``credential`` (a tenant's fingerprint; None: the
+    deployment's) is paused under."""
+    return credential_key(provider, credential) if credential else policy(provider).rate_key
+
+
 def known_providers() -> list[str]:
     """Every provider a contract sends to, and every one ``GATEWAY_PROVIDERS`` names."""
     from gateway.contracts import CONTRACTS
@@ -274,11 +280,12 @@ class Outlook:
     """What a dispatcher may claim now: ``held`` providers not at all (an open circuit, with
     when to look again), ``permits`` only what ``admit`` grants; any other provider freely.
     ``keys``: per provider of ``permits``, the rate keys that take no send now (paused or
-    their rate spent) and when each reopens."""
+    their rate spent) and when each reopens; ``paused``: those paused (``Retry-After``)."""
 
     held: dict[str, Hold]
     permits: list[str]
     keys: dict[str, dict[str, float]] = field(default_factory=dict)
+    paused: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def restricted(self) -> list[str]:
@@ -298,6 +305,7 @@ def outlook(providers: Iterable[str] | None = None) -> Outlook:
     held: dict[str, Hold] = {}
     permits: list[str] = []
     keys: dict[str, dict[str, float]] = {}
+    paused: dict[str, dict[str, float]] = {}
     for name, state in states.items():
         _seen[name] = state
         rules = policy(name)
@@ -309,7 +317,9 @@ def outlook(providers: Iterable[str] | None = None) -> Outlook:
             # credential an effect is sent with decides.
             permits.append(name)
             keys[name] = gates.keys_held(state, rules, now)
-    return Outlook(held, permits, keys)
+            if state.any_paused(now):
+                paused[name] = {k: until for k, until in state.paused.items() if until > now}
+    return Outlook(held, permits, keys, paused)
 
 
 @dataclass

@@ -254,3 +254,42 @@ def test_the_console_sets_a_credential_rate_and_the_providers_page_shows_its_use
     assert statuses(ids) == Counter({"CONFIRMED": 1, "PREPARED": 1})
     page = root.client.get("/providers").content.decode()
     assert "your credential&#x27;s rate 1 / 1 (1/min)" in page, page
+
+
+def test_lookups_wait_for_the_pause_of_the_credential_they_ask_with(
+    proxy, sandbox, agent, rival_agent, ticket_body
+):
+    """An UNKNOWN effect is looked up with the credential that sent it: a pause answered to
+    that credential moves its lookup (no check of its budget spent); another tenant's UNKNOWN
+    effect is looked up meanwhile. Neither is ever sent again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway import services
+    from gateway.choices import Outcome
+    from gateway.providers.base import CallResult
+    from reconciliation.services import reconcile_next_batch
+
+    assert set_secret("acme", ACME).status_code == 201
+    proxy.add("drop_after_forward", times=2)
+    (mine,) = submitted(agent, ticket_body, ["acme-lost"])
+    (theirs,) = submitted(rival_agent, ticket_body, ["globex-lost"])
+    for effect_id in (mine, theirs):
+        services.effect_dispatch(effect_id=effect_id, worker="test")
+    assert statuses([mine, theirs]) == Counter({"UNKNOWN": 2})
+    checks = Effect.objects.get(pk=mine).check_count
+    paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
+    protection.observe("tickets", [paused], credential=fingerprint(ACME))
+    Effect.objects.filter(pk__in=[mine, theirs]).update(
+        next_check_at=timezone.now() - timedelta(seconds=1)
+    )
+    reconcile_next_batch()
+    held = Effect.objects.get(pk=mine)
+    assert (held.status, held.check_count) == ("UNKNOWN", checks)
+    assert held.next_check_at is not None
+    assert held.next_check_at > timezone.now() + timedelta(seconds=25)
+    assert Effect.objects.get(pk=theirs).status == "CONFIRMED"  # the deployment's: asked
+    gets = [e for e in proxy.events if e["method"] == "GET"]
+    assert {e["headers"].get("authorization") for e in gets} == {f"Bearer {DEPLOYMENT}"}
+    assert sent_once(sandbox, [mine, theirs])
