@@ -218,16 +218,24 @@ class Hold:
     until: float
 
 
+def circuit_hold(state: GateState, now: float) -> Hold | None:
+    """The circuit's hold on every credential's sends: open, or its probe out."""
+    if state.circuit == OPEN and now < state.open_until:
+        return Hold(CIRCUIT, state.open_until)
+    if state.circuit != CLOSED and state.probe_until > now:
+        return Hold(CIRCUIT, state.probe_until)
+    return None
+
+
 def hold_of(state: GateState, policy: Policy, now: float) -> Hold | None:
     """The gate that holds every admission back now, without taking anything (a pause, an
     open circuit, a probe out, a full cap, a spent rate); None when one may be tried."""
     paused = state.paused_until(policy.rate_key, now)
     if paused:
         return Hold(PAUSED, paused)
-    if state.circuit == OPEN and now < state.open_until:
-        return Hold(CIRCUIT, state.open_until)
-    if state.circuit != CLOSED and state.probe_until > now:
-        return Hold(CIRCUIT, state.probe_until)
+    circuit = circuit_hold(state, now)
+    if circuit is not None:
+        return circuit
     if policy.max_in_flight is not None and state.live_leases(now) >= policy.max_in_flight:
         return Hold(IN_FLIGHT, now + IN_FLIGHT_RETRY)
     if policy.rate is not None:

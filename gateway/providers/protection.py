@@ -309,8 +309,8 @@ def outlook(providers: Iterable[str] | None = None) -> Outlook:
     for name, state in states.items():
         _seen[name] = state
         rules = policy(name)
-        hold = gates.hold_of(state, rules, now)
-        if hold is not None and hold.gate == gates.CIRCUIT:
+        hold = gates.circuit_hold(state, now)  # whatever credential is paused besides
+        if hold is not None:
             held[name] = hold
         elif rules.needs_permits or state.circuit != CLOSED or state.any_paused(now):
             # A cap or a rate to count, a probe to take, or a credential paused: which

@@ -149,3 +149,14 @@ def test_metrics_show_each_credentials_rate_use_and_pause_by_fingerprint(setting
     line = next(x for x in text.splitlines() if x.startswith(
         'gateway_provider_paused_seconds{credential="fp-b"'))  # fmt: skip
     assert 25 < float(line.split()[-1]) <= 30
+
+
+def test_an_open_circuit_holds_the_provider_whatever_credential_is_paused(settings):
+    settings.GATEWAY_CIRCUIT_FAILURES = 1
+    paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
+    protection.observe("tickets", [paused])  # the deployment's credential paused
+    protection.observe("tickets", [REFUSED])
+    view = protection.outlook(["tickets"])
+    assert view.held["tickets"].gate == "circuit" and "tickets" not in view.permits
+    held = protection.admit("tickets", 1, credential="fp-a")
+    assert isinstance(held, Hold) and held.gate == "circuit"
