@@ -588,9 +588,15 @@ class _Drainer:
         if not peeked or left <= 0:
             return batch
         wanted: dict[str, list[Peeked]] = {}
-        for row in peeked:
+        for row in peeked:  # in due order: the earliest credential asks first
             wanted.setdefault(row.credential, []).append(row)
-        asks = [(fp, rows[0].rate, min(len(rows), left)) for fp, rows in wanted.items()]
+        asks: list[tuple[str | None, str, int]] = []
+        for fp, rows in list(wanted.items()):
+            if left <= 0:  # no slot left for this credential's effects: not asked this time
+                del wanted[fp]
+                continue
+            asks.append((fp, rows[0].rate, min(len(rows), left)))
+            left -= asks[-1][2]
         permits = protection.admit_many(provider, asks)
         keys: dict[str, str] = {}
         for fp, rows in wanted.items():

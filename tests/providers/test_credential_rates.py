@@ -293,3 +293,31 @@ def test_lookups_wait_for_the_pause_of_the_credential_they_ask_with(
     gets = [e for e in proxy.events if e["method"] == "GET"]
     assert {e["headers"].get("authorization") for e in gets} == {f"Bearer {DEPLOYMENT}"}
     assert sent_once(sandbox, [mine, theirs])
+
+
+def test_a_narrow_drain_claims_no_more_than_its_slots_across_credentials(
+    proxy, sandbox, agent, rival_agent, ticket_body, monkeypatch
+):
+    """One slot, two tenant credentials with effects due: each claim asks the earliest
+    credential for the one slot only; every effect goes out once."""
+    from gateway import fastpath_batch
+
+    assert set_secret("acme", ACME).status_code == 201
+    assert set_secret("globex", GLOBEX).status_code == 201
+    ids = submitted(agent, ticket_body, ["acme-0", "acme-1"])
+    ids += submitted(rival_agent, ticket_body, ["globex-0", "globex-1"])
+    sizes: list[int] = []
+    original = fastpath_batch.claim_sent_with
+
+    def counted(**kwargs):
+        sizes.append(len(kwargs["keys"]))
+        return original(**kwargs)
+
+    monkeypatch.setattr(dispatcher, "claim_sent_with", counted)
+    deadline = time.monotonic() + 10
+    while not confirmed(ids):
+        assert time.monotonic() < deadline
+        dispatcher.drain(flag=None, worker="test", limit=1)
+        time.sleep(0.02)
+    assert sizes and max(sizes) == 1
+    assert sent_once(sandbox, ids)
