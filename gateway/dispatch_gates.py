@@ -2,9 +2,11 @@
 one effect at a time: the single dispatch (``services.effect_dispatch``, the sweeper's
 message) and the general path a drainer hands refused rows to.
 
-A gate is asked before the claim. An effect it holds back is not claimed: it stays PREPARED
-or NOT_STARTED, and its ``next_dispatch_at`` moves to when the gate reopens, so the dispatch
-sweep hands it to a worker again then (``defer``). A drainer leaves held providers out of its
+A gate is asked before the claim, for the credential the effect goes out with
+(``provider_credentials.dispatch_sender``: its tenant's own, or the deployment's). An effect
+it holds back is not claimed: it stays PREPARED or NOT_STARTED, and its ``next_dispatch_at``
+moves to when the gate reopens, so the dispatch sweep hands it to a worker again then
+(``defer``). A drainer leaves held providers out of its
 claim statements (gateway.dispatcher) and drains again when the earliest gate reopens.
 """
 
@@ -17,6 +19,7 @@ from datetime import UTC, datetime
 from django.db.models import F
 from django.db.models.functions import Greatest
 
+from gateway import provider_credentials
 from gateway.choices import DISPATCHABLE
 from gateway.contracts import get_contract
 from gateway.models import Effect
@@ -33,25 +36,22 @@ def gated(effect_id: str, send: Callable[[], bool]) -> bool:
     view = protection.outlook()  # every provider's, from Redis: no database round trip
     if not view.restricted:
         return send()  # no gate anywhere: what every dispatch meets most of the time
-    row = (
-        Effect.objects.filter(pk=effect_id)
-        .values_list("command__provider", "type", "attempt_count")
-        .first()
-    )
+    # One statement: the effect, and the credential its next attempt goes out with.
+    row = provider_credentials.dispatch_sender(effect_id)
     if row is None:
         return send()  # no such effect: the claim says so
-    name, effect_type, attempts = row
+    name, effect_type, attempts, credential, rate = row
     contract = get_contract(effect_type)
     if contract is not None and attempts >= contract.recovery.max_dispatch_attempts:
         return send()  # its budget is spent: the claim hands it to a human, sends nothing
     hold = view.held.get(name)
     if hold is None and name not in view.permits:
-        return send()  # closed, no cap, no rate: nothing to count
+        return send()  # closed, no cap, no rate, no pause: nothing to count
     if hold is not None:
         protection.note_held(name, hold)
         defer(effect_id, hold)
         return False
-    granted = protection.admit(name, 1)
+    granted = protection.admit(name, 1, credential=credential, rate=rate)
     if isinstance(granted, Hold):
         defer(effect_id, granted)
         return False
@@ -81,9 +81,10 @@ def defer(effect_id: str, hold: Hold) -> None:
         )
 
 
-def observe_answer(effect_type: str, result: CallResult) -> None:
+def observe_answer(effect_type: str, result: CallResult, credential: str | None = None) -> None:
     """Count a provider's answer for its circuit and its ``Retry-After`` (every send path
-    passes its answers here, ``services._observe_dispatch``)."""
+    passes its answers here, ``services._observe_dispatch``), the pause against the
+    ``credential`` the call carried (a tenant's fingerprint; None: the deployment's)."""
     contract = get_contract(effect_type)
     if contract is not None:
-        protection.observe(contract.provider, [result])
+        protection.observe(contract.provider, [result], credential=credential)

@@ -57,13 +57,14 @@ next answer or the next thread that comes free (a give-back wakes the drainers t
 none). No loop of a drainer goes round without blocking or claiming.
 
 **Provider gates** (gateway.providers.protection) are asked before each claim statement,
-never after: a provider held back (a ``Retry-After`` pause, an open circuit) is left out of
-the claim; a provider with a rate, a cap or a probe to take gets a claim of its own, limited to
-what its gates granted, and the grants its claim did not use are given back; the rest of the
-slots claim every other provider's effects. Held effects stay due; the drainer threads of
-this process drain again when the earliest gate reopens (``_reopen``), and the dispatch sweep
-covers a worker that died meanwhile. A claimed effect's lease on its provider's cap is given
-back when its answer is recorded.
+never after: a provider held back (an open circuit) is left out of the claim; a provider with
+a rate, a cap, a probe to take or a credential paused by a ``Retry-After`` gets claims of its
+own, limited per credential to what its gates granted (the deployment's credential, then each
+tenant credential its due effects go out with: ``_claim_counted``), and the grants its claims
+did not use are given back; the rest of the slots claim every other provider's effects. Held
+effects stay due; the drainer threads of this process drain again when the earliest gate
+reopens (``_reopen``), and the dispatch sweep covers a worker that died meanwhile. A claimed
+effect's lease on its provider's cap is given back when its answer is recorded.
 
 **Crash safety** is the single dispatch's: each claim statement commits before any of its
 effects is sent; the failpoints ``dispatch.after_claim`` (after the claim statement),
@@ -89,7 +90,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from gateway import deadlines, dispatch_gates, fastpath, moves, services
-from gateway.fastpath_batch import Answer, Batch, BatchClaim, claim_batch, record_batch
+from gateway.fastpath_batch import (
+    Answer,
+    Batch,
+    BatchClaim,
+    Peeked,
+    claim_batch,
+    claim_provider,
+    claim_sent_with,
+    record_batch,
+)
 from gateway.lib import broker
 from gateway.lib.failpoints import failpoint
 from gateway.lib.service_threads import ServiceThreads
@@ -521,9 +531,9 @@ class _Drainer:
 
     def _claim_gated(self, slots: int) -> Batch:
         """Claim up to ``slots`` effects, within the providers' gates: first, for each
-        provider that grants only so many sends (a rate, a cap, a probe), what it granted,
-        with the unused grants given back; then, for the rest of the slots, effects of every
-        provider no gate restricts. A provider held back (paused, circuit open) is left out,
+        provider whose gates count (a rate, a cap, a probe, a credential paused), what they
+        granted per credential (``_claim_counted``); then, for the rest of the slots, effects
+        of every provider no gate restricts. A provider held back (circuit open) is left out,
         and the drainer threads drain again when it reopens (``_reopen``)."""
         view = protection.outlook()
         for provider, hold in view.held.items():
@@ -535,19 +545,7 @@ class _Drainer:
         for provider in view.permits:
             if left <= 0:
                 break
-            permit = protection.admit(provider, left)
-            if isinstance(permit, Hold):
-                _reopen.note(permit.until)
-                continue
-            try:
-                batch = claim_batch(limit=permit.granted, worker=self.worker, skip=self.skip,
-                                    only=provider)  # fmt: skip
-            except BaseException:
-                permit.keep(0)
-                raise
-            permit.keep(len(batch.claims))
-            for index, claim in enumerate(batch.claims):
-                self.leases[claim.effect_id] = (provider, permit.lease(index), permit.probe)
+            batch = self._claim_counted(provider, left, view.keys.get(provider, {}))
             claims += batch.claims
             refused += batch.refused
             left -= batch.picked
@@ -558,6 +556,74 @@ class _Drainer:
             claims += batch.claims
             refused += batch.refused
         return Batch(claims, refused)
+
+    def _claim_counted(self, provider: str, left: int, held: dict[str, float]) -> Batch:
+        """Up to ``left`` effects of ``provider``, each within the permits of the credential
+        it goes out with: the deployment's permit first, then one statement that claims what
+        it granted and peeks at the tenants' credentials' effects (none of the ``held`` rate
+        keys), then permits per tenant credential and a claim of those by id. Grants a claim
+        did not use are given back."""
+        for until in held.values():
+            _reopen.note(until)  # a held credential's effects wait for it: drain again then
+        prefix = protection.credential_key(provider, "")
+        held_credentials = [key[len(prefix) :] for key in held if key.startswith(prefix)]
+        permit = protection.admit(provider, left)
+        granted = 0
+        if isinstance(permit, Hold):
+            _reopen.note(permit.until)
+        else:
+            granted = permit.granted
+        try:
+            batch, peeked = claim_provider(provider=provider, limit=granted, peek=left,
+                                           held=held_credentials, worker=self.worker,
+                                           skip=self.skip)  # fmt: skip
+        except BaseException:
+            if not isinstance(permit, Hold):
+                permit.keep(0)
+            raise
+        if not isinstance(permit, Hold):
+            permit.keep(len(batch.claims))
+            self._lease(batch.claims, permit)
+        left -= batch.picked
+        if not peeked or left <= 0:
+            return batch
+        wanted: dict[str, list[Peeked]] = {}
+        for row in peeked:  # in due order: the earliest credential asks first
+            wanted.setdefault(row.credential, []).append(row)
+        asks: list[tuple[str | None, str, int]] = []
+        for fp, rows in list(wanted.items()):
+            if left <= 0:  # no slot left for this credential's effects: not asked this time
+                del wanted[fp]
+                continue
+            asks.append((fp, rows[0].rate, min(len(rows), left)))
+            left -= asks[-1][2]
+        permits = protection.admit_many(provider, asks)
+        keys: dict[str, str] = {}
+        for fp, rows in wanted.items():
+            granted_to = permits[fp]
+            if isinstance(granted_to, Hold):
+                _reopen.note(granted_to.until)
+                continue
+            keys.update((row.effect_id, fp) for row in rows[: granted_to.granted])
+        more = Batch([], [])
+        try:
+            if keys:
+                more = claim_sent_with(keys=keys, worker=self.worker, skip=self.skip)
+        finally:
+            claimed: dict[str, list[BatchClaim]] = {}
+            for claim in more.claims:
+                claimed.setdefault(keys[claim.effect_id], []).append(claim)
+            for fp in wanted:
+                granted_to = permits[fp]
+                if not isinstance(granted_to, Hold):
+                    granted_to.keep(len(claimed.get(fp, [])))
+                    self._lease(claimed.get(fp, []), granted_to)
+        return Batch(batch.claims + more.claims, batch.refused + more.refused)
+
+    def _lease(self, claims: list[BatchClaim], permit: protection.Permit) -> None:
+        """Remember each claim's lease on its provider's cap, given back when it answers."""
+        for index, claim in enumerate(claims):
+            self.leases[claim.effect_id] = (permit.provider, permit.lease(index), permit.probe)
 
     def _release(self, claims: list[BatchClaim]) -> None:
         """Give back the leases (and a probe) of calls that answered or raised."""

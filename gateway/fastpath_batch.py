@@ -54,6 +54,7 @@ from gateway.fastpath import (
 )
 from gateway.ledger import worker_actor
 from gateway.lib import prepared
+from gateway.provider_credentials import SENT_WITH_SQL, rate_of_sql
 from gateway.providers.base import CallResult
 
 
@@ -70,7 +71,7 @@ def _execute(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
 # steps): the drainer's claim locks these (``due``), and the drain without the fast path reads
 # them (``_DUE``). ``fastpath.claim_ctes`` then claims the locked rows under every check of
 # the single claim (tests/gateway/test_dispatch_batch.py runs each refusal through both).
-_DUE_WHERE = f"""
+_DUE_FROM = f"""
     FROM gateway_effect e
     JOIN gateway_command c ON c.effect_id = e.effect_id
     JOIN gateway_principal p ON p.id = c.requested_by_id
@@ -80,7 +81,8 @@ _DUE_WHERE = f"""
      AND c.saga_id = {NO_SAGA} AND NOT p.frozen
      AND NOT EXISTS (SELECT 1 FROM gateway_effecttypefreeze f
                       WHERE f.tenant_id = e.tenant_id AND f.type = e.type)
-     AND e.effect_id <> ALL(%(skip)s::text[])
+     AND e.effect_id <> ALL(%(skip)s::text[])"""
+_DUE_WHERE = f"""{_DUE_FROM}
      AND c.provider <> ALL(%(exclude)s::text[])
      AND (%(only)s::text = '' OR c.provider = %(only)s::text)
    ORDER BY e.next_dispatch_at
@@ -142,15 +144,107 @@ def claim_batch(
     of gateway.providers.protection holds back, or grants only so many sends)."""
     params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
     params.update(limit=limit, skip=list(skip), only=only, exclude=list(exclude))
-    claims, refused = [], []
-    for row in _execute(_CLAIM_BATCH, params):
-        if row[10] is None:  # picked, not claimed
+    return _batch_of(_execute(_CLAIM_BATCH, params))[0]
+
+
+# A provider whose gates count per credential (gateway.providers.protection): which
+# credential each due effect goes out with is known before it is claimed (SENT_WITH_SQL).
+# One statement claims up to ``limit`` effects sent with the deployment's credential (what
+# its permit granted), and picks, without locking or claiming, up to ``peek`` effects sent
+# with tenants' own credentials other than ``held`` (paused, or their rate spent), each with
+# its fingerprint and its own rate: the drainer asks for permits per credential, then claims
+# those by id (``_CLAIM_SENT_WITH``). A tenant without credentials pays only the probe of
+# SENT_WITH_SQL. The peeked rows come back with a NULL attempt id and their fingerprint.
+_PEEK_OF = ", ".join(["NULL"] * 14)
+_CLAIM_PROVIDER = _compact(f"""
+WITH due AS (
+    SELECT e.effect_id, e.status {_DUE_FROM}
+       AND c.provider = %(provider)s AND ({SENT_WITH_SQL}) IS NULL
+     ORDER BY e.next_dispatch_at
+     LIMIT %(limit)s
+       FOR UPDATE OF e SKIP LOCKED
+), {claim_ctes("due")}, peek AS (
+    SELECT x.effect_id, x.fp, {rate_of_sql("x")} AS rate FROM (
+        SELECT e.effect_id, e.tenant_id, c.provider, e.next_dispatch_at,
+               ({SENT_WITH_SQL}) AS fp {_DUE_FROM}
+           AND c.provider = %(provider)s) x
+     WHERE x.fp IS NOT NULL AND x.fp <> ALL(%(held)s::text[])
+     ORDER BY x.next_dispatch_at
+     LIMIT %(peek)s
+)
+SELECT {CLAIM_RETURNING}, claimed.provider, claimed.compensates, NULL, NULL
+  FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
+UNION ALL
+SELECT due.effect_id, {_PEEK_OF}, NULL, NULL
+  FROM due WHERE NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.effect_id = due.effect_id)
+UNION ALL
+SELECT peek.effect_id, {_PEEK_OF}, peek.fp, peek.rate FROM peek
+""")
+
+# The effects a drainer peeked and got permits for, claimed by id: only while each still goes
+# out with the credential it was admitted for (``keys``: effect id -> fingerprint).
+_CLAIM_SENT_WITH = _compact(f"""
+WITH due AS (
+    SELECT e.effect_id, e.status {_DUE_FROM}
+       AND e.effect_id = ANY(%(ids)s::text[])
+       AND ({SENT_WITH_SQL}) = %(keys)s::jsonb ->> e.effect_id
+     ORDER BY e.next_dispatch_at
+     LIMIT %(limit)s
+       FOR UPDATE OF e SKIP LOCKED
+), {claim_ctes("due")}
+SELECT {CLAIM_RETURNING}, claimed.provider, claimed.compensates
+  FROM claimed JOIN attempt ON attempt.effect_id = claimed.effect_id
+UNION ALL
+SELECT due.effect_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL
+  FROM due WHERE NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.effect_id = due.effect_id)
+""")
+
+
+@dataclass(frozen=True)
+class Peeked:
+    """A due effect of a tenant with credentials of its own, not claimed: the credential it
+    goes out with (fingerprint) and that credential's own rate ("" for the provider's)."""
+
+    effect_id: str
+    credential: str
+    rate: str
+
+
+def _batch_of(rows: list[tuple[Any, ...]]) -> tuple[Batch, list[Peeked]]:
+    claims, refused, peeked = [], [], []
+    for row in rows:
+        if len(row) > 15 and row[15] is not None:
+            peeked.append(Peeked(row[0], row[15], row[16] or ""))
+        elif row[10] is None:  # picked, not claimed
             refused.append(row[0])
-            continue
-        claim = claim_from_row(row)
-        provider, compensates = row[13:]
-        claims.append(BatchClaim(**vars(claim), provider=provider, compensates=compensates))
-    return Batch(claims, refused)
+        else:
+            claim = claim_from_row(row)
+            provider, compensates = row[13:15]
+            claims.append(BatchClaim(**vars(claim), provider=provider, compensates=compensates))
+    return Batch(claims, refused), peeked
+
+
+def claim_provider(
+    *, provider: str, limit: int, peek: int, held: list[str], worker: str,
+    skip: list[str] | tuple[str, ...] = (),
+) -> tuple[Batch, list[Peeked]]:  # fmt: skip
+    """Claim up to ``limit`` due effects of ``provider`` sent with the deployment's
+    credential, and peek at up to ``peek`` sent with tenants' own credentials (none of
+    ``held``), in one statement (``_CLAIM_PROVIDER``)."""
+    params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
+    params.update(provider=provider, limit=limit, peek=peek, held=list(held), skip=list(skip))
+    return _batch_of(_execute(_CLAIM_PROVIDER, params))
+
+
+def claim_sent_with(
+    *, keys: dict[str, str], worker: str, skip: list[str] | tuple[str, ...] = ()
+) -> Batch:
+    """Claim the effects of ``keys`` (effect id -> the fingerprint of the credential it was
+    admitted for) that are still due and still go out with that credential."""
+    params = claim_params(now=timezone.now(), worker=worker, budgets=_budgets())
+    params.update(ids=list(keys), keys=json.dumps(keys), limit=len(keys), skip=list(skip))
+    return _batch_of(_execute(_CLAIM_SENT_WITH, params))[0]
 
 
 # The same choice of due effects, read without claiming: the drain when the fast path is off

@@ -5,7 +5,9 @@ time the same way (``ProtectionCollector``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import datetime
 
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -34,14 +36,19 @@ class ProtectionCollector(Collector):
         return self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        circuit, failures, in_flight, rate_used = self._families()
+        circuit, failures, in_flight, rate_used, credential_used, paused = self._families()
+        now = time.time()
         for name, state in protection.snapshot().items():
             for value in (CLOSED, OPEN, HALF_OPEN):
                 circuit.add_metric([name, value], 1.0 if state.circuit == value else 0.0)
             failures.add_metric([name], state.consecutive_failures)
             in_flight.add_metric([name], state.in_flight)
             rate_used.add_metric([name], state.rate_used)
-        yield from (circuit, failures, in_flight, rate_used)
+            paused.add_metric([name, "deployment"], _left(state.paused_until, now))
+            for use in state.credentials:  # tenants' credentials at work, by fingerprint
+                credential_used.add_metric([name, use.fingerprint], use.rate_used)
+                paused.add_metric([name, use.fingerprint], _left(use.paused_until, now))
+        yield from (circuit, failures, in_flight, rate_used, credential_used, paused)
 
     @staticmethod
     def _families() -> Iterator[GaugeMetricFamily]:
@@ -62,9 +69,26 @@ class ProtectionCollector(Collector):
         )
         yield GaugeMetricFamily(
             "gateway_provider_rate_used",
-            "Permits of the provider's rate limit taken in the current window.",
+            "Permits of the provider's rate limit (its deployment credential's) taken in the "
+            "current window.",
             labels=["provider"],
         )
+        yield GaugeMetricFamily(
+            "gateway_provider_credential_rate_used",
+            "Permits of a tenant credential's rate limit taken in the current window, by the "
+            "credential's fingerprint (credentials that sent within the last hour).",
+            labels=["provider", "credential"],
+        )
+        yield GaugeMetricFamily(
+            "gateway_provider_paused_seconds",
+            "Seconds left of a Retry-After pause, per credential: 'deployment' or a tenant "
+            "credential's fingerprint.",
+            labels=["provider", "credential"],
+        )
+
+
+def _left(until: datetime | None, now: float) -> float:
+    return max(0.0, until.timestamp() - now) if until is not None else 0.0
 
 
 _collector: ProtectionCollector | None = None

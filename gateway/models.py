@@ -656,6 +656,9 @@ class ProviderCredential(models.Model):
     replaces = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # Its own rate limit ("25/s"), shared by every worker; "" for the provider's configured
+    # one (gateway.providers.protection.credential_policy).
+    rate_limit = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         constraints = [

@@ -16,6 +16,11 @@ effect it sent is still unsettled (being sent, UNKNOWN or IN_PROGRESS), unless f
 forced retirement leaves those effects' lookups without a credential: they stay where they
 are, never sent again, and go to a human after the contract's reconcile budget.
 
+Rate: each credential has a rate limit and a ``Retry-After`` pause of its own (gateway.
+providers.protection), its admin's ``rate_limit`` or else the provider's. The dispatcher knows
+before a claim which credential a due effect will be sent with: ``SENT_WITH_SQL`` is
+``_chosen_rows``'s rule in SQL (tests/providers/test_credential_rates.py runs both).
+
 The secret is sealed with ``seal_bound`` to the tenant, the provider and its fingerprint, so
 a sealed value copied into another tenant's row does not open; it is never logged, never in
 an event, never in an answer: those carry its fingerprint and its last 4 characters.
@@ -28,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -44,7 +50,8 @@ from gateway.contracts import CONTRACTS, EffectContract, get_contract
 from gateway.errors import CredentialConflict, NotFound, NotPermitted, ValidationProblem
 from gateway.lib.vault import open_bound, reseal_bound, seal_bound
 from gateway.models import Attempt, Effect, Principal, ProviderCredential
-from gateway.providers.config import fingerprint
+from gateway.providers.config import fingerprint, parse_entry
+from gateway.providers.gates import parse_rate
 from gateway.providers.registry import Credential, sender_of
 
 if TYPE_CHECKING:
@@ -111,6 +118,39 @@ def _check_secret(secret: object) -> str:
     return value
 
 
+def provider_rate(provider: str) -> str:
+    """The provider's configured rate limit ("50/s"; "" for none, or a malformed entry)."""
+    raw = settings.GATEWAY_PROVIDERS.get(provider)
+    if raw is None:
+        return ""
+    try:
+        rate = parse_entry(provider, raw).rate_limit
+    except Exception:  # a malformed entry is the start-up checks' report
+        return ""
+    return rate.text if rate is not None else ""
+
+
+def _check_rate(provider: str, rate: object) -> str:
+    """A credential's own rate: "" (the provider's) or a rate such as "25/s", for a provider
+    whose ``GATEWAY_PROVIDERS`` entry has a ``rate_limit`` (the gates count permits only for
+    such providers)."""
+    if rate is None or rate == "":
+        return ""
+    if not isinstance(rate, str):
+        raise ValidationProblem("rate_limit must be a string.", errors={"rate_limit": ["a string"]})
+    try:
+        text = parse_rate(rate).text
+    except ValueError as exc:
+        raise ValidationProblem(str(exc), errors={"rate_limit": [str(exc)]}) from None
+    if not provider_rate(provider):
+        problem = (
+            f"{provider} has no rate_limit in GATEWAY_PROVIDERS: a credential's own rate "
+            "refines the provider's, which the operator sets first"
+        )
+        raise ValidationProblem(f"{problem}.", errors={"rate_limit": [problem]})
+    return text
+
+
 # --- writes ---------------------------------------------------------------------------------
 
 
@@ -130,7 +170,12 @@ def credentials_reseal() -> int:
 
 
 def _insert(
-    *, actor: Principal, provider: str, secret: str, replaces: ProviderCredential | None
+    *,
+    actor: Principal,
+    provider: str,
+    secret: str,
+    replaces: ProviderCredential | None,
+    rate_limit: str = "",
 ) -> ProviderCredential:
     shown = fingerprint(secret)
     if ProviderCredential.objects.filter(
@@ -153,6 +198,7 @@ def _insert(
                 created_by=actor.label,
                 created_at=timezone.now(),
                 replaces=replaces,
+                rate_limit=rate_limit,
             )
     except IntegrityError:  # a concurrent set of the same provider won the active slot
         raise CredentialConflict(
@@ -161,15 +207,22 @@ def _insert(
 
 
 def _shown(row: ProviderCredential) -> dict[str, str]:
-    return {"fingerprint": row.fingerprint, "last4": row.last4}
+    shown = {"fingerprint": row.fingerprint, "last4": row.last4}
+    if row.rate_limit:
+        shown["rate_limit"] = row.rate_limit
+    return shown
 
 
-def credential_set(*, actor: Principal, provider: str, secret: object) -> ProviderCredential:
+def credential_set(
+    *, actor: Principal, provider: str, secret: object, rate_limit: object = ""
+) -> ProviderCredential:
     """The tenant's first (or next, after a retirement) credential for ``provider``, active at
-    once; 409 when one is active (rotate it)."""
+    once, with its own ``rate_limit`` ("" for the provider's); 409 when one is active (rotate
+    it)."""
     _check_admin(actor)
     _check_provider(provider)
     value = _check_secret(secret)
+    rate = _check_rate(provider, rate_limit)
     with transaction.atomic():
         if ProviderCredential.objects.filter(
             tenant_id=actor.tenant_id, provider=provider, state=CredentialState.ACTIVE
@@ -177,7 +230,7 @@ def credential_set(*, actor: Principal, provider: str, secret: object) -> Provid
             raise CredentialConflict(
                 f"{provider} already has an active credential: rotate it to replace it."
             )
-        row = _insert(actor=actor, provider=provider, secret=value, replaces=None)
+        row = _insert(actor=actor, provider=provider, secret=value, replaces=None, rate_limit=rate)
         audit.record_control(
             tenant_id=actor.tenant_id,
             kind="provider_credential_set",
@@ -189,12 +242,16 @@ def credential_set(*, actor: Principal, provider: str, secret: object) -> Provid
     return row
 
 
-def credential_rotate(*, actor: Principal, provider: str, secret: object) -> ProviderCredential:
+def credential_rotate(
+    *, actor: Principal, provider: str, secret: object, rate_limit: object = ""
+) -> ProviderCredential:
     """A new active credential for ``provider`` in place of the active one, which becomes
-    ``rotated``: new sends use the new one at once, the effects the old one sent keep it."""
+    ``rotated``: new sends use the new one at once, the effects the old one sent keep it.
+    ``rate_limit``: the new credential's own rate ("" for the provider's)."""
     _check_admin(actor)
     _check_provider(provider)
     value = _check_secret(secret)
+    rate = _check_rate(provider, rate_limit)
     now = timezone.now()
     with transaction.atomic():
         # Locked against a concurrent rotation or retirement of the same credential.
@@ -208,7 +265,9 @@ def credential_rotate(*, actor: Principal, provider: str, secret: object) -> Pro
         ProviderCredential.objects.filter(pk=current.pk).update(
             state=CredentialState.ROTATED, rotated_at=now
         )
-        row = _insert(actor=actor, provider=provider, secret=value, replaces=current)
+        row = _insert(
+            actor=actor, provider=provider, secret=value, replaces=current, rate_limit=rate
+        )
         audit.record_control(
             tenant_id=actor.tenant_id,
             kind="provider_credential_rotated",
@@ -358,6 +417,57 @@ def _chosen_rows(sendings: list[_Sending]) -> dict[str, ProviderCredential]:
     return chosen
 
 
+_USABLE_IN = ", ".join(f"'{state}'" for state in sorted(CREDENTIAL_USABLE))
+
+# The fingerprint of the tenant credential an effect's next attempt is sent with (NULL: the
+# deployment's), as ``_chosen_rows`` chooses it, over ``e`` (gateway_effect, before its claim:
+# ``attempt_count`` numbers its latest attempt) and ``c`` (its command): the credential that
+# sent its latest attempt while usable, else its tenant's active one for the provider. A
+# tenant without any usable credential costs one probe of the credentials' unique index.
+SENT_WITH_SQL = f"""CASE WHEN EXISTS (
+    SELECT 1 FROM gateway_providercredential pc0
+     WHERE pc0.tenant_id = e.tenant_id AND pc0.provider = c.provider
+       AND pc0.state IN ({_USABLE_IN}))
+THEN COALESCE(
+    (SELECT pc1.fingerprint FROM gateway_attempt a1
+       JOIN gateway_providercredential pc1
+         ON pc1.tenant_id = e.tenant_id AND pc1.provider = c.provider
+        AND pc1.fingerprint = a1.credential_fingerprint AND pc1.state IN ({_USABLE_IN})
+      WHERE a1.effect_id = e.effect_id AND a1.number = e.attempt_count),
+    (SELECT pc2.fingerprint FROM gateway_providercredential pc2
+      WHERE pc2.tenant_id = e.tenant_id AND pc2.provider = c.provider
+        AND pc2.state = '{CredentialState.ACTIVE.value}'))
+END"""
+
+
+def rate_of_sql(row: str) -> str:
+    """A credential's own rate ("" for the provider's), over a row ``row`` with its
+    ``tenant_id``, ``provider`` and ``fp`` (``SENT_WITH_SQL``)."""
+    return f"""COALESCE((SELECT pr.rate_limit FROM gateway_providercredential pr
+     WHERE pr.tenant_id = {row}.tenant_id AND pr.provider = {row}.provider
+       AND pr.fingerprint = {row}.fp), '')"""
+
+
+_SENT_WITH_ONE = f"""
+SELECT provider, type, attempt_count, fp, {rate_of_sql("x")}
+  FROM (SELECT c.provider, e.type, e.attempt_count, e.tenant_id, ({SENT_WITH_SQL}) AS fp
+          FROM gateway_effect e JOIN gateway_command c ON c.effect_id = e.effect_id
+         WHERE e.effect_id = %s) x"""
+
+
+def dispatch_sender(effect_id: str) -> tuple[str, str, int, str | None, str] | None:
+    """For the gates before a single claim (gateway.dispatch_gates), in one statement: the
+    effect's provider, type and attempt count, the fingerprint of the tenant credential its
+    next attempt goes out with (None: the deployment's) and that credential's own rate."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SENT_WITH_ONE, [effect_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    provider, type_, attempts, shown, rate = row
+    return str(provider), str(type_), int(attempts), shown or None, str(rate or "")
+
+
 def _hold(row: ProviderCredential) -> bool:
     """Hold the credential FOR SHARE until the caller's transaction ends, so that a retirement
     (FOR UPDATE) waits for it and then counts the attempt marked with it; False when it was
@@ -453,6 +563,32 @@ def _note(type_: str, row: ProviderCredential | None, attempt_ids: list[int]) ->
         logger.warning("attempt sender not recorded", extra={"effect_type": type_})
         return SendAs(refused="the sender could not be recorded on the attempt")
     return SendAs(credential)
+
+
+def lookup_fingerprints(effect_ids: list[str]) -> dict[str, str | None]:
+    """Per effect, the fingerprint of the tenant credential its lookups ask with (its latest
+    attempt's, as ``lookup_credential`` finds it), or None for the deployment's: in two
+    queries for the lot."""
+    latest: dict[str, tuple[int, str]] = {}
+    for effect_id, number, shown in Attempt.objects.filter(effect_id__in=effect_ids).values_list(
+        "effect_id", "number", "credential_fingerprint"
+    ):
+        if effect_id not in latest or number > latest[effect_id][0]:
+            latest[effect_id] = (number, shown or "")
+    rows = Effect.objects.filter(pk__in=effect_ids).values_list(
+        "pk", "tenant_id", "command__provider"
+    )
+    wanted = {(tenant, provider, latest.get(pk, (0, ""))[1]) for pk, tenant, provider in rows}
+    own = set(
+        ProviderCredential.objects.filter(
+            tenant_id__in={w[0] for w in wanted}, fingerprint__in={w[2] for w in wanted if w[2]}
+        ).values_list("tenant_id", "provider", "fingerprint")
+    ) if any(w[2] for w in wanted) else set()  # fmt: skip
+    out: dict[str, str | None] = {}
+    for pk, tenant, provider in rows:
+        shown = latest.get(pk, (0, ""))[1]
+        out[pk] = shown if (tenant, provider, shown) in own else None
+    return out
 
 
 def lookup_credential(effect: Effect, contract: EffectContract) -> tuple[Credential | None, str]:

@@ -838,7 +838,9 @@ def effect_dispatch_general(*, effect_id: str, worker: str) -> bool:
         # The provider answered (a 5xx), so its request handling is over: ask it by key
         # whether it committed before deciding anything (query first, never a blind retry).
         result = _settle_by_lookup(adapter, request, contract, result)
-    _observe_dispatch(effect.type, result, (timezone.now() - started).total_seconds())
+    _observe_dispatch(
+        effect.type, result, (timezone.now() - started).total_seconds(), claim.send_as
+    )
     failpoint("dispatch.after_call")  # the provider may have committed; the ledger not yet
     effect_record_outcome(claim=claim, result=result, worker=worker)
     failpoint("dispatch.after_record")  # recorded; the broker message not yet acknowledged
@@ -914,7 +916,7 @@ def fast_send(claim: fastpath.FastClaim, send_as: SendAs | None = None) -> Sent:
     result = adapter.execute(request)
     if result.outcome == Outcome.UNKNOWN and not result.mismatch and result.http_status:
         result = _settle_by_lookup(adapter, request, contract, result)
-    _observe_dispatch(claim.type, result, (timezone.now() - started).total_seconds())
+    _observe_dispatch(claim.type, result, (timezone.now() - started).total_seconds(), send_as)
     return Sent(result)
 
 
@@ -976,8 +978,12 @@ def _settle_by_lookup(adapter, request: ExecuteRequest, contract, first: CallRes
     return first
 
 
-def _observe_dispatch(effect_type: str, result: CallResult, seconds: float) -> None:
+def _observe_dispatch(
+    effect_type: str, result: CallResult, seconds: float, send_as: SendAs
+) -> None:
     from gateway.metrics import DISPATCH_SECONDS
 
     DISPATCH_SECONDS.labels(type=effect_type, outcome=str(result.outcome)).observe(seconds)
-    observe_answer(effect_type, result)  # the provider's circuit and Retry-After
+    # The provider's circuit, and its Retry-After against the credential the call carried.
+    credential = send_as.credential.fingerprint if send_as.credential is not None else None
+    observe_answer(effect_type, result, credential)

@@ -1,7 +1,8 @@
 """``/api/v1/providers/{name}/credentials``: a tenant's own credentials for one provider.
 
 GET lists them (operators and admins); POST sets the first one, ``…/rotate`` replaces the
-active one, ``…/{id}/retire`` stops one (admins). Answers carry a credential's fingerprint
+active one (each with an optional ``rate_limit`` of its own), ``…/{id}/retire`` stops one
+(admins). Answers carry a credential's fingerprint
 and last 4 characters, never the secret (gateway.provider_credentials)."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ProviderCredentialSerializer(serializers.ModelSerializer):
             "retired_at",
             "retired_by",
             "replaces",
+            "rate_limit",
         ]
         read_only_fields = fields
 
@@ -42,6 +44,9 @@ class ProviderCredentialSerializer(serializers.ModelSerializer):
 class SecretSerializer(serializers.Serializer):
     # Checked by the service (gateway.provider_credentials), whose messages never repeat it.
     secret = serializers.CharField(trim_whitespace=False, write_only=True)
+    # The credential's own rate limit ("25/s"), shared by every worker; "" or absent: the
+    # provider's configured one.
+    rate_limit = serializers.CharField(required=False, allow_blank=True, max_length=32)
 
 
 class RetireSerializer(serializers.Serializer):
@@ -88,7 +93,10 @@ class ProviderCredentialsView(APIView):
     def post(self, request: Request, name: str) -> Response:
         body = valid_body(SecretSerializer, request)
         row = credentials.credential_set(
-            actor=principal_of(request), provider=name, secret=body["secret"]
+            actor=principal_of(request),
+            provider=name,
+            secret=body["secret"],
+            rate_limit=body.get("rate_limit", ""),
         )
         return Response(_shown(row), status=201)
 
@@ -100,7 +108,10 @@ class ProviderCredentialRotateView(APIView):
     def post(self, request: Request, name: str) -> Response:
         body = valid_body(SecretSerializer, request)
         row = credentials.credential_rotate(
-            actor=principal_of(request), provider=name, secret=body["secret"]
+            actor=principal_of(request),
+            provider=name,
+            secret=body["secret"],
+            rate_limit=body.get("rate_limit", ""),
         )
         return Response(_shown(row), status=201)
 

@@ -28,6 +28,8 @@ PARTIAL = "gateway/partials/provider_credentials.html"
 class SecretForm(forms.Form):
     # strip=False: the service strips and checks it, with messages that never repeat it.
     secret = forms.CharField(strip=False, max_length=credentials.MAX_LENGTH)
+    # Its own rate limit ("25/s"); empty: the provider's (the service checks it).
+    rate_limit = forms.CharField(required=False, max_length=32)
 
 
 class RotateForm(SecretForm):
@@ -57,6 +59,7 @@ class CredentialsPanel:
     sends_with: str  # "tenant" or "deployment"
     deployment_fingerprint: str
     may_manage: bool
+    provider_rate: str  # the provider's configured rate limit ("" for none)
 
 
 def credentials_panel(principal: Principal, provider: str) -> CredentialsPanel:
@@ -77,6 +80,7 @@ def credentials_panel(principal: Principal, provider: str) -> CredentialsPanel:
         sends_with="tenant" if active else "deployment",
         deployment_fingerprint=credentials.deployment_fingerprint(provider),
         may_manage=role_may(principal, ADMIN_ROLES),
+        provider_rate=credentials.provider_rate(provider),
     )
 
 
@@ -117,7 +121,10 @@ def provider_credential_set(request: ConsoleRequest, name: str) -> HttpResponse:
 
     def run(data: dict[str, Any]) -> str:
         row = credentials.credential_set(
-            actor=request.principal, provider=name, secret=data["secret"]
+            actor=request.principal,
+            provider=name,
+            secret=data["secret"],
+            rate_limit=data.get("rate_limit", ""),
         )
         return f"{name} sends this tenant's effects with {row.fingerprint} from now on."
 
@@ -131,7 +138,10 @@ def provider_credential_rotate(request: ConsoleRequest, name: str) -> HttpRespon
 
     def run(data: dict[str, Any]) -> str:
         row = credentials.credential_rotate(
-            actor=request.principal, provider=name, secret=data["secret"]
+            actor=request.principal,
+            provider=name,
+            secret=data["secret"],
+            rate_limit=data.get("rate_limit", ""),
         )
         replaced = row.replaces.fingerprint if row.replaces else "the old one"
         return (

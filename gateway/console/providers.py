@@ -135,7 +135,11 @@ class Circuit:
     detail: str
 
 
-def circuit(entry: protection.ProviderProtection | None) -> Circuit:
+def circuit(
+    entry: protection.ProviderProtection | None, own: ProviderCredential | None = None
+) -> Circuit:
+    """In words; with ``own`` (the tenant's active credential), the rate and the pause that
+    credential has of its own in place of the deployment's."""
     if entry is None:
         return Circuit("not configured", "")
     parts = []
@@ -143,15 +147,31 @@ def circuit(entry: protection.ProviderProtection | None) -> Circuit:
         parts.append(f"since {_clock(entry.since)}")
     if entry.consecutive_failures:
         parts.append(f"{entry.consecutive_failures} / {entry.failures_to_open} failures in a row")
-    if entry.paused_until is not None and entry.paused_until > timezone.now():
+    if own is not None:
+        parts += _own_credential(entry, own)
+    elif entry.paused_until is not None and entry.paused_until > timezone.now():
         parts.append(f"paused until {_clock(entry.paused_until)} (Retry-After)")
     if entry.max_in_flight:
         parts.append(f"{entry.in_flight} / {entry.max_in_flight} in flight")
-    if entry.rate_capacity:
+    if entry.rate_capacity and own is None:
         parts.append(f"rate {entry.rate_used} / {entry.rate_capacity} ({entry.rate_limit})")
     if not entry.shared:
         parts.append("this web process's view: Redis is not answering")
     return Circuit(entry.circuit, " · ".join(parts))
+
+
+def _own_credential(entry: protection.ProviderProtection, own: ProviderCredential) -> list[str]:
+    """The tenant credential's own rate use and pause (nothing counted yet: its rate)."""
+    use = next((u for u in entry.credentials if u.fingerprint == own.fingerprint), None)
+    parts = []
+    if use is not None and use.paused_until is not None and use.paused_until > timezone.now():
+        parts.append(f"your credential paused until {_clock(use.paused_until)} (Retry-After)")
+    if use is not None and use.rate_capacity:
+        parts.append(f"your credential's rate {use.rate_used} / {use.rate_capacity} "
+                     f"({use.rate_limit})")  # fmt: skip
+    elif entry.rate_capacity:
+        parts.append(f"your credential's rate {own.rate_limit or entry.rate_limit}, unused")
+    return parts
 
 
 def console_home(provider: str) -> str:
@@ -210,7 +230,7 @@ def provider_list(request: ConsoleRequest) -> HttpResponse:
     rows: list[dict[str, Any]] = [
         {
             "health": row,
-            "circuit": circuit(snapshot.get(row.provider)),
+            "circuit": circuit(snapshot.get(row.provider), with_credential[row.provider].own),
             "console": console_home(row.provider),
             "credential": with_credential[row.provider],
             "types": sorted(c.type for c in CONTRACTS.values() if c.provider == row.provider),

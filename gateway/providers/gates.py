@@ -13,6 +13,13 @@ and each permit granted moves ``tat`` on by ``interval``. Permits taken and not 
 claim found fewer effects) are given back by moving it back. What the console shows as the
 rate's use is counted per window of ``per`` seconds beside it (``window``).
 
+**Keys.** The rate and the ``Retry-After`` pause belong to a credential, not to the provider:
+one key per (provider, credential fingerprint), ``Policy.rate_key``, the deployment's or a
+tenant's own (``protection.credential_policy``: the same provider's policy with the
+credential's key and rate). A 429 answered to one account pauses that account's sends; every
+other credential at the provider goes on. The cap on calls in flight and the circuit breaker
+are the provider's, whatever credential a call carries.
+
 **Circuit breaker**: ``closed`` until ``failures`` answers in a row are failures to connect
 or 5xx (``is_failure``); then ``open`` for ``open_seconds``; then the next
 admission takes the one probe (``half-open``): a success closes the circuit, a failure opens
@@ -34,6 +41,9 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
 # The gates that hold an admission back, as named in logs, metrics and the console.
 PAUSED, CIRCUIT, IN_FLIGHT, RATE = "paused", "circuit", "in-flight", "rate"
+
+# A rate key not used for this long is dropped from the state (``GateState.prune``).
+IDLE = 3600.0
 
 # A cap on calls in flight reached by other workers frees up when one of their calls answers,
 # which nothing here announces: look again after this long.
@@ -135,9 +145,10 @@ class GateState:
     failures: int = 0  # failures in a row
     open_until: float = 0.0
     probe_until: float = 0.0  # a probe is out until then (half-open)
-    paused_until: float = 0.0
+    paused: dict[str, float] = field(default_factory=dict)  # rate key -> paused until
     tat: dict[str, float] = field(default_factory=dict)  # rate key -> theoretical arrival
     window: dict[str, list[float]] = field(default_factory=dict)  # rate key -> [start, used]
+    rates: dict[str, str] = field(default_factory=dict)  # rate key -> its rate, for show
     leases: dict[str, float] = field(default_factory=dict)  # lease -> expires at
 
     @classmethod
@@ -149,8 +160,9 @@ class GateState:
             failures=int(data.get("failures", 0)),
             open_until=float(data.get("open_until", 0.0)),
             probe_until=float(data.get("probe_until", 0.0)),
-            paused_until=float(data.get("paused_until", 0.0)),
+            paused={str(k): float(v) for k, v in dict(data.get("paused", {})).items()},
             tat={str(k): float(v) for k, v in dict(data.get("tat", {})).items()},
+            rates={str(k): str(v) for k, v in dict(data.get("rates", {})).items()},
             leases={str(k): float(v) for k, v in dict(data.get("leases", {})).items()},
             window={
                 str(k): [float(v[0]), int(v[1])] for k, v in dict(data.get("window", {})).items()
@@ -164,8 +176,9 @@ class GateState:
             "failures": self.failures,
             "open_until": self.open_until,
             "probe_until": self.probe_until,
-            "paused_until": self.paused_until,
+            "paused": self.paused,
             "tat": self.tat,
+            "rates": self.rates,
             "leases": self.leases,
             "window": self.window,
         }
@@ -177,6 +190,25 @@ class GateState:
         """Closed, no failure counted, nothing out: what every provider is most of the time."""
         return self.circuit == CLOSED and not self.failures and not self.leases
 
+    def paused_until(self, key: str, now: float) -> float:
+        """Until when ``key``'s credential is paused (0: it is not)."""
+        until = self.paused.get(key, 0.0)
+        return until if until > now else 0.0
+
+    def any_paused(self, now: float) -> bool:
+        return any(until > now for until in self.paused.values())
+
+    def prune(self, now: float) -> None:
+        """Forget what no longer counts: pauses run out, and the rate of a key nobody sent
+        with for ``IDLE`` seconds (its ``tat`` long past: the same as none). A provider's
+        document then holds the credentials at work, not every one that ever sent."""
+        self.paused = {key: until for key, until in self.paused.items() if until > now}
+        idle = [key for key, tat in self.tat.items() if tat < now - IDLE]
+        for key in idle:
+            self.tat.pop(key, None)
+            self.window.pop(key, None)
+            self.rates.pop(key, None)
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -186,15 +218,24 @@ class Hold:
     until: float
 
 
-def hold_of(state: GateState, policy: Policy, now: float) -> Hold | None:
-    """The gate that holds every admission back now, without taking anything (a pause, an
-    open circuit, a probe out, a full cap, a spent rate); None when one may be tried."""
-    if state.paused_until > now:
-        return Hold(PAUSED, state.paused_until)
+def circuit_hold(state: GateState, now: float) -> Hold | None:
+    """The circuit's hold on every credential's sends: open, or its probe out."""
     if state.circuit == OPEN and now < state.open_until:
         return Hold(CIRCUIT, state.open_until)
     if state.circuit != CLOSED and state.probe_until > now:
         return Hold(CIRCUIT, state.probe_until)
+    return None
+
+
+def hold_of(state: GateState, policy: Policy, now: float) -> Hold | None:
+    """The gate that holds every admission back now, without taking anything (a pause, an
+    open circuit, a probe out, a full cap, a spent rate); None when one may be tried."""
+    paused = state.paused_until(policy.rate_key, now)
+    if paused:
+        return Hold(PAUSED, paused)
+    circuit = circuit_hold(state, now)
+    if circuit is not None:
+        return circuit
     if policy.max_in_flight is not None and state.live_leases(now) >= policy.max_in_flight:
         return Hold(IN_FLIGHT, now + IN_FLIGHT_RETRY)
     if policy.rate is not None:
@@ -202,6 +243,23 @@ def hold_of(state: GateState, policy: Policy, now: float) -> Hold | None:
         if rate_take(policy.rate, tat, now, 1)[0] == 0:
             return Hold(RATE, rate_next_at(policy.rate, tat))
     return None
+
+
+def keys_held(state: GateState, policy: Policy, now: float) -> dict[str, float]:
+    """The rate keys of the provider that may take no send now, with when to look again:
+    paused, or their rate spent (read with the rate each was last admitted under)."""
+    held = {key: until for key, until in state.paused.items() if until > now}
+    for key, tat in state.tat.items():
+        text = state.rates.get(key, "")
+        rate = policy.rate if policy.rate is not None and policy.rate.text == text else None
+        if rate is None:
+            try:
+                rate = parse_rate(text)
+            except ValueError:
+                continue
+        if tat - now > rate.tolerance + 1e-9:
+            held[key] = max(held.get(key, 0.0), rate_next_at(rate, tat))
+    return held
 
 
 @dataclass(frozen=True)
@@ -222,6 +280,7 @@ def admit(
     open long enough, as many as the cap and the rate allow otherwise. ``lease_ids``: at
     least ``wanted`` fresh names for the leases."""
     state.leases = {lease: until for lease, until in state.leases.items() if until > now}
+    state.prune(now)
     hold = hold_of(state, policy, now)
     if hold is not None:
         return Admission(0, hold=hold)
@@ -233,6 +292,7 @@ def admit(
         key, rate = policy.rate_key, policy.rate
         wanted, state.tat[key] = rate_take(rate, state.tat.get(key, 0.0), now, wanted)
         state.window[key] = window_count(rate, state.window.get(key, []), now, max(wanted, 0))
+        state.rates[key] = rate.text
     if wanted <= 0:  # hold_of looked at one permit: only a wanted of 0 gets here
         return Admission(0, hold=Hold(RATE, now))
     leases: tuple[str, ...] = ()
@@ -283,7 +343,8 @@ def observe(
     failures: list[bool],
     retry_after: float | None = None,
 ) -> None:
-    """Count answers, in the order they came (True: a failure), and a pause asked for."""
+    """Count answers, in the order they came (True: a failure), and a pause asked for (it
+    pauses ``policy.rate_key``: the credential the answer was given to)."""
     for failed in failures:
         if not failed:
             state.failures = 0
@@ -296,4 +357,5 @@ def observe(
             state.circuit, state.since = OPEN, now
             state.open_until, state.probe_until = now + policy.open_seconds, 0.0
     if retry_after is not None and retry_after > 0:
-        state.paused_until = max(state.paused_until, now + retry_after)
+        key = policy.rate_key
+        state.paused[key] = max(state.paused.get(key, 0.0), now + retry_after)

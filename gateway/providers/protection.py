@@ -1,6 +1,12 @@
-"""Protection of the providers and of the gateway: per provider, a rate limit, a cap on calls
-in flight, the pause a provider asked for (``Retry-After``) and a circuit breaker, shared by
-every worker process (the rules: ``gateway.providers.gates``).
+"""Protection of the providers and of the gateway: per provider and credential, a rate limit
+and the pause a provider asked for (``Retry-After``); per provider, a cap on calls in flight
+and a circuit breaker; shared by every worker process (the rules: ``gateway.providers.gates``).
+
+**Per credential.** A rate and a pause are kept per (provider, credential fingerprint): the
+deployment's credential (``policy``) or a tenant's own (``credential_policy``: its own rate
+when its admin set one, else the provider's). The dispatcher learns which credential each due
+effect will be sent with before it claims it (gateway.fastpath_batch), and asks for permits
+per credential (``admit_many``); a 429 is observed against the credential it answered.
 
 **Where it acts.** Before a claim, never after: a dispatcher asks ``outlook`` which providers
 it may claim for freely, which need permits, and which are held back; it claims only what
@@ -24,6 +30,7 @@ stops the gateway from sending. It tries Redis again after ``REST`` seconds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -31,8 +38,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -45,7 +52,7 @@ from gateway.lib import broker
 from gateway.providers import gates
 from gateway.providers.base import CallResult
 from gateway.providers.config import fingerprint, parse_entry
-from gateway.providers.gates import CLOSED, GateState, Hold, Policy
+from gateway.providers.gates import CLOSED, GateState, Hold, Policy, Rate
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +122,37 @@ def _policy(provider: str) -> Policy:
         lease,
         rate_key,
     )
+
+
+def credential_key(provider: str, credential: str) -> str:
+    """The rate key of a tenant's credential (by its fingerprint) at ``provider``."""
+    return f"{provider}|{credential}"
+
+
+def credential_policy(provider: str, credential: str | None, rate: str = "") -> Policy:
+    """``provider``'s policy for sends with a tenant's credential (its fingerprint; None: the
+    deployment's, ``policy``): the key of that credential, its own ``rate`` ("25/s") when it
+    has one, else the provider's. The cap and the circuit stay the provider's."""
+    rules = policy(provider)
+    if credential is None:
+        return rules
+    own = _parsed_rate(rate) if rate else None
+    return replace(rules, rate=own or rules.rate, rate_key=credential_key(provider, credential))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_rate(text: str) -> Rate | None:
+    try:
+        return gates.parse_rate(text)
+    except ValueError:  # checked when it was set: only a hand-edited row gets here
+        logger.warning("unreadable credential rate %r; the provider's applies", text)
+        return None
+
+
+def lookup_key(provider: str, credential: str | None) -> str:
+    """The rate key a call with ``credential`` (a tenant's fingerprint; None: the
+    deployment's) is paused under."""
+    return credential_key(provider, credential) if credential else policy(provider).rate_key
 
 
 def known_providers() -> list[str]:
@@ -239,11 +277,15 @@ def _new_leases(count: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Outlook:
-    """What a dispatcher may claim now: ``held`` providers not at all (with when to look
-    again), ``permits`` only what ``admit`` grants; any other provider freely."""
+    """What a dispatcher may claim now: ``held`` providers not at all (an open circuit, with
+    when to look again), ``permits`` only what ``admit`` grants; any other provider freely.
+    ``keys``: per provider of ``permits``, the rate keys that take no send now (paused or
+    their rate spent) and when each reopens; ``paused``: those paused (``Retry-After``)."""
 
     held: dict[str, Hold]
     permits: list[str]
+    keys: dict[str, dict[str, float]] = field(default_factory=dict)
+    paused: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def restricted(self) -> list[str]:
@@ -262,15 +304,22 @@ def outlook(providers: Iterable[str] | None = None) -> Outlook:
     now = time.time()
     held: dict[str, Hold] = {}
     permits: list[str] = []
+    keys: dict[str, dict[str, float]] = {}
+    paused: dict[str, dict[str, float]] = {}
     for name, state in states.items():
         _seen[name] = state
         rules = policy(name)
-        hold = gates.hold_of(state, rules, now)
-        if hold is not None and hold.gate in (gates.PAUSED, gates.CIRCUIT):
+        hold = gates.circuit_hold(state, now)  # whatever credential is paused besides
+        if hold is not None:
             held[name] = hold
-        elif rules.needs_permits or state.circuit != CLOSED:
-            permits.append(name)  # a cap or a rate to count, or a probe to take
-    return Outlook(held, permits)
+        elif rules.needs_permits or state.circuit != CLOSED or state.any_paused(now):
+            # A cap or a rate to count, a probe to take, or a credential paused: which
+            # credential an effect is sent with decides.
+            permits.append(name)
+            keys[name] = gates.keys_held(state, rules, now)
+            if state.any_paused(now):
+                paused[name] = {k: until for k, until in state.paused.items() if until > now}
+    return Outlook(held, permits, keys, paused)
 
 
 @dataclass
@@ -282,6 +331,7 @@ class Permit:
     granted: int
     leases: list[str]
     probe: bool
+    rules: Policy | None = None  # the credential's (None: the provider's)
 
     def keep(self, claimed: int) -> None:
         """The claim took ``claimed`` of the granted sends: return the rest, their leases and,
@@ -292,29 +342,55 @@ class Permit:
         spare, self.leases = self.leases[claimed:], self.leases[:claimed]
         probe, self.probe = self.probe and not claimed, self.probe and bool(claimed)
         self.granted = claimed
-        _give_back(self.provider, leases=spare, unused=unused, probe=probe)
+        rules = self.rules or policy(self.provider)
+        _give_back(self.provider, rules, leases=spare, unused=unused, probe=probe)
 
     def lease(self, index: int) -> str | None:
         return self.leases[index] if index < len(self.leases) else None
 
 
-def admit(provider: str, wanted: int) -> Permit | Hold:
-    """Grant up to ``wanted`` sends to ``provider`` now, or say what holds them back."""
-    rules = policy(provider)
-    ids = _new_leases(wanted) if rules.max_in_flight is not None else []
+def admit(
+    provider: str, wanted: int, *, credential: str | None = None, rate: str = ""
+) -> Permit | Hold:
+    """Grant up to ``wanted`` sends to ``provider`` with ``credential`` (a tenant's
+    fingerprint and its own ``rate``; None: the deployment's) now, or say what holds them
+    back."""
+    return admit_many(provider, [(credential, rate, wanted)])[credential]
 
-    def change(state: GateState) -> gates.Admission:
-        admission = gates.admit(state, rules, time.time(), wanted, ids)
+
+def admit_many(
+    provider: str, wants: Sequence[tuple[str | None, str, int]]
+) -> dict[str | None, Permit | Hold]:
+    """``admit`` for several credentials of one provider, in one change of its state: per
+    (credential, its own rate, sends wanted), in that order, a permit or a hold. They share
+    the provider's cap and its one probe."""
+    wanted_rules = [(credential, credential_policy(provider, credential, rate), wanted)
+                    for credential, rate, wanted in wants]  # fmt: skip
+    capped = policy(provider).max_in_flight is not None
+    ids = {credential: _new_leases(wanted) if capped else [] for credential, _, wanted in wants}
+
+    def change(state: GateState) -> dict[str | None, gates.Admission]:
+        now = time.time()
+        made = {
+            credential: gates.admit(state, rules, now, wanted, ids[credential])
+            for credential, rules, wanted in wanted_rules
+        }
         _seen[provider] = state
-        return admission
+        return made
 
-    admission = _stores.run(lambda store: store.change(provider, change))
-    if admission.hold is not None:
-        HELD.labels(provider=provider, gate=admission.hold.gate).inc()
-        return admission.hold
-    if admission.probe:
-        logger.warning("provider circuit half-open: one probe call", extra={"provider": provider})
-    return Permit(provider, admission.granted, list(admission.leases), admission.probe)
+    admissions = _stores.run(lambda store: store.change(provider, change))
+    out: dict[str | None, Permit | Hold] = {}
+    for credential, rules, _ in wanted_rules:
+        admission = admissions[credential]
+        if admission.hold is not None:
+            HELD.labels(provider=provider, gate=admission.hold.gate).inc()
+            out[credential] = admission.hold
+            continue
+        if admission.probe:
+            logger.warning("provider circuit half-open: one probe", extra={"provider": provider})
+        leases = list(admission.leases)
+        out[credential] = Permit(provider, admission.granted, leases, admission.probe, rules)
+    return out
 
 
 def note_held(provider: str, hold: Hold) -> None:
@@ -323,12 +399,11 @@ def note_held(provider: str, hold: Hold) -> None:
 
 
 def _give_back(
-    provider: str, *, leases: list[str] | tuple[str, ...] = (), unused: int = 0,
+    provider: str, rules: Policy, *, leases: list[str] | tuple[str, ...] = (), unused: int = 0,
     probe: bool = False,
 ) -> None:  # fmt: skip
-    if not leases and not probe and not (unused and policy(provider).rate is not None):
+    if not leases and not probe and not (unused and rules.rate is not None):
         return
-    rules = policy(provider)
 
     def change(state: GateState) -> None:
         gates.give_back(state, rules, time.time(), leases=leases, unused=unused, probe=probe)
@@ -344,22 +419,23 @@ def release(provider: str, leases: Iterable[str | None], *, probe: bool = False)
     """Calls answered (or that raised): their slots are free again."""
     names = [lease for lease in leases if lease]
     try:
-        _give_back(provider, leases=names, probe=probe)
+        _give_back(provider, policy(provider), leases=names, probe=probe)
     except Exception:  # its lease expires by itself
         logger.warning("could not give provider leases back", exc_info=True)
 
 
-def observe(provider: str, results: Iterable[CallResult]) -> None:
+def observe(provider: str, results: Iterable[CallResult], *, credential: str | None = None) -> None:
     """Count answers of ``provider`` for its circuit, and the pause a 429 or 503 asked for
-    (``Retry-After``: every worker waits that long before its next call there). Never
-    raises: the answers are recorded whatever becomes of this."""
+    (``Retry-After``: every worker waits that long before its next call there with the same
+    ``credential``, a tenant's fingerprint or None for the deployment's). Never raises: the
+    answers are recorded whatever becomes of this."""
     failures = [gates.is_failure(r.outcome, r.http_status) for r in results]
     pauses = [r.retry_after for r in results if r.retry_after]
     retry_after = max(pauses, default=None)
     seen = _seen.get(provider)
     if not any(failures) and retry_after is None and (seen is None or seen.quiet()):
         return  # a success in a quiet state changes nothing: no write on the hot path
-    rules = policy(provider)
+    rules = credential_policy(provider, credential)
 
     def change(state: GateState) -> tuple[str, str]:
         before = state.circuit
@@ -393,8 +469,43 @@ class ProviderProtection:
     rate_capacity: int | None  # permits per window (None: no rate limit)
     in_flight: int  # calls with a live lease (counted only with a cap)
     max_in_flight: int | None
-    paused_until: datetime | None  # a Retry-After still running
+    paused_until: datetime | None  # a Retry-After to the deployment's credential, running
     shared: bool  # False: Redis is down, this is this process's own state
+    # Tenants' own credentials sending now (a rate counted or a pause running), by fingerprint.
+    credentials: tuple[CredentialUse, ...] = ()
+
+
+@dataclass(frozen=True)
+class CredentialUse:
+    """The rate use and the pause of one tenant credential at a provider (by fingerprint,
+    never the secret; which tenant holds it is the ledger's to say)."""
+
+    fingerprint: str
+    rate_limit: str
+    rate_used: int
+    rate_capacity: int | None
+    paused_until: datetime | None
+
+
+def _credential_uses(provider: str, state: GateState, now: float) -> tuple[CredentialUse, ...]:
+    prefix = credential_key(provider, "")
+    keys = sorted({*state.tat, *state.paused} - {policy(provider).rate_key})
+    uses = []
+    for key in keys:
+        if not key.startswith(prefix):
+            continue
+        rate = _parsed_rate(state.rates[key]) if state.rates.get(key) else None
+        window = gates.window_count(rate, state.window.get(key, []), now) if rate else []
+        uses.append(
+            CredentialUse(
+                fingerprint=key[len(prefix) :],
+                rate_limit=rate.text if rate else "",
+                rate_used=int(window[1]) if rate else 0,
+                rate_capacity=rate.count if rate else None,
+                paused_until=_when(state.paused_until(key, now)),
+            )
+        )
+    return tuple(uses)
 
 
 def _when(seconds: float) -> datetime | None:
@@ -423,8 +534,9 @@ def snapshot() -> dict[str, ProviderProtection]:
             rate_capacity=rate.count if rate else None,
             in_flight=state.live_leases(now),
             max_in_flight=rules.max_in_flight,
-            paused_until=_when(state.paused_until) if state.paused_until > now else None,
+            paused_until=_when(state.paused_until(rules.rate_key, now)),
             shared=shared,
+            credentials=_credential_uses(name, state, now),
         )
     return out
 

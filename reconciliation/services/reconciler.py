@@ -17,7 +17,7 @@ from gateway.choices import OPERATOR_ROLES, TO_RECONCILE, Outcome
 from gateway.contracts import EffectContract, get_contract
 from gateway.errors import InvalidTransition, NotFound
 from gateway.models import Effect, Principal, Receipt
-from gateway.provider_credentials import lookup_credential
+from gateway.provider_credentials import lookup_credential, lookup_fingerprints
 from gateway.providers import protection
 from gateway.providers.base import CallResult, LookupResult, not_found_proves_not_started
 from gateway.providers.base import LookupStatus as ProviderLookupStatus
@@ -456,11 +456,11 @@ def reconcile_next_batch(
 
 
 def _lookups_held(claimed: list[str]) -> set[str]:
-    """The claimed effects whose provider's circuit is open or that asked for a pause
-    (gateway.providers.protection): not asked now, their next lookup moved to when the gate
-    reopens, without spending a check of their budget on a provider known to be down. A
-    lookup never sends anything; only its schedule moves. A gate that cannot be read holds
-    nothing back."""
+    """The claimed effects whose provider's circuit is open, or whose lookup would carry a
+    credential the provider paused (``Retry-After``, gateway.providers.protection): not
+    asked now, their next lookup moved to when the gate reopens, without spending a check of
+    their budget on a provider known to be down. A lookup never sends anything; only its
+    schedule moves. A gate that cannot be read holds nothing back."""
     if not claimed:
         return set()
     try:
@@ -468,16 +468,23 @@ def _lookups_held(claimed: list[str]) -> set[str]:
     except Exception:
         logger.warning("provider gates unreadable; looking up anyway", exc_info=True)
         return set()
-    if not view.held:
-        return set()  # no provider held: no database round trip
+    if not view.held and not view.paused:
+        return set()  # no provider held, no credential paused: no database round trip
     providers = dict(Effect.objects.filter(pk__in=claimed).values_list("pk", "command__provider"))
-    held: set[str] = set()
+    until: dict[str, float] = {}
     for provider, gate in view.held.items():
-        ids = [effect_id for effect_id, name in providers.items() if name == provider]
-        at = datetime.fromtimestamp(gate.until, tz=UTC)
-        ledger.schedule_checks(ids, at, status__in=sorted(TO_RECONCILE))
-        held.update(ids)
-    return held
+        until.update((e, gate.until) for e, name in providers.items() if name == provider)
+    paused = [e for e, name in providers.items() if name in view.paused and e not in until]
+    for effect_id, credential in (lookup_fingerprints(paused) if paused else {}).items():
+        provider = providers[effect_id]
+        key = protection.lookup_key(provider, credential)
+        if key in view.paused[provider]:
+            until[effect_id] = view.paused[provider][key]
+    for at in set(until.values()):
+        ids = [effect_id for effect_id, when in until.items() if when == at]
+        moment = datetime.fromtimestamp(at, tz=UTC)
+        ledger.schedule_checks(ids, moment, status__in=sorted(TO_RECONCILE))
+    return set(until)
 
 
 def reconcile_due(*, time_budget: float | None = None, batch_size: int = 50) -> int:

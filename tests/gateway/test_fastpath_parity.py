@@ -357,7 +357,7 @@ def test_a_stale_claim_is_refused_alike(parity, agent, monkeypatch):
     """Between the call and the record another actor moves the fence (lease recovery)."""
     from django.db.models import F
 
-    def moved(effect_type, result, seconds):
+    def moved(effect_type, result, seconds, send_as):
         Effect.objects.update(fence=F("fence") + 1)
 
     monkeypatch.setattr(services, "_observe_dispatch", moved)

@@ -127,7 +127,7 @@ def test_retry_after_pauses_every_admission_until_it_runs_out():
     hold = gates.admit(state, rules, 101.0, 1, []).hold
     assert hold is not None and (hold.gate, hold.until) == (PAUSED, 103.0)
     gates.observe(state, rules, 101.0, [False], retry_after=1.0)  # a shorter one: no change
-    assert state.paused_until == 103.0
+    assert state.paused_until("p", 102.0) == 103.0
     assert gates.admit(state, rules, 103.0, 1, []).granted == 1
 
 

@@ -67,9 +67,45 @@ def test_the_circuit_and_the_pause_are_one_for_every_reader(settings):
     protection.reset("tickets")
     paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
     protection.observe("tickets", [paused])
-    assert protection.outlook(["tickets"]).held["tickets"].gate == PAUSED
+    # The pause is the deployment credential's: the provider is counted per credential, the
+    # deployment's held back, a tenant's own credential free to send.
+    view = protection.outlook(["tickets"])
+    assert "tickets" not in view.held and "tickets" in view.permits
+    assert set(view.keys["tickets"]) == {"tickets"}
+    assert isinstance(held := protection.admit("tickets", 1), Hold) and held.gate == PAUSED
+    assert not isinstance(protection.admit("tickets", 1, credential="fp-of-a-tenant"), Hold)
     assert protection.snapshot()["tickets"].paused_until is not None
     assert protection.snapshot()["tickets"].circuit == CLOSED  # a 429 is no failure
+
+
+def test_a_retry_after_pauses_only_the_credential_it_answered(settings):
+    settings.GATEWAY_PROVIDERS = {"tickets": {"rate_limit": "100/s"}}
+    paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
+    protection.observe("tickets", [paused], credential="fp-a")
+    view = protection.outlook(["tickets"])
+    assert set(view.keys["tickets"]) == {protection.credential_key("tickets", "fp-a")}
+    held = protection.admit("tickets", 1, credential="fp-a")
+    assert isinstance(held, Hold) and held.gate == PAUSED
+    for other in ("fp-b", None):
+        permit = protection.admit("tickets", 1, credential=other)
+        assert not isinstance(permit, Hold) and permit.granted == 1
+    state = protection.snapshot()["tickets"]
+    assert state.paused_until is None  # the deployment's credential is not paused
+    uses = {use.fingerprint: use for use in state.credentials}
+    assert uses["fp-a"].paused_until is not None and uses["fp-b"].rate_used == 1
+    assert uses["fp-b"].rate_limit == "100/s" and uses["fp-b"].paused_until is None
+
+
+def test_a_credential_has_a_rate_of_its_own(settings):
+    settings.GATEWAY_PROVIDERS = {"tickets": {"rate_limit": "1/min"}}
+    assert not isinstance(protection.admit("tickets", 1), Hold)
+    assert isinstance(protection.admit("tickets", 1), Hold)  # the deployment's: spent
+    permits = protection.admit_many("tickets", [("fp-a", "", 3), ("fp-b", "3/s", 3)])
+    a, b = permits["fp-a"], permits["fp-b"]
+    assert not isinstance(a, Hold) and a.granted == 1  # the provider's
+    assert not isinstance(b, Hold) and b.granted == 1  # evenly spaced
+    b.keep(0)  # given back: the next admission finds it
+    assert not isinstance(protection.admit("tickets", 1, credential="fp-b", rate="3/s"), Hold)
 
 
 @pytest.mark.django_db  # /metrics reads the ledger's gauges too
@@ -99,3 +135,28 @@ def test_with_redis_down_the_limits_hold_per_process_and_sends_go_on(capped, set
         settings.CELERY_BROKER_URL = previous
         broker.client.cache_clear()
         protection.reset()
+
+
+@pytest.mark.django_db  # /metrics reads the ledger's gauges too
+def test_metrics_show_each_credentials_rate_use_and_pause_by_fingerprint(settings):
+    settings.GATEWAY_PROVIDERS = {"tickets": {"rate_limit": "100/s"}}
+    assert not isinstance(protection.admit("tickets", 1, credential="fp-a"), Hold)
+    paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
+    protection.observe("tickets", [paused], credential="fp-b")
+    text = generate_latest(REGISTRY).decode()
+    assert 'gateway_provider_credential_rate_used{credential="fp-a",provider="tickets"} 1.0' in text
+    assert 'gateway_provider_paused_seconds{credential="deployment",provider="tickets"} 0.0' in text
+    line = next(x for x in text.splitlines() if x.startswith(
+        'gateway_provider_paused_seconds{credential="fp-b"'))  # fmt: skip
+    assert 25 < float(line.split()[-1]) <= 30
+
+
+def test_an_open_circuit_holds_the_provider_whatever_credential_is_paused(settings):
+    settings.GATEWAY_CIRCUIT_FAILURES = 1
+    paused = CallResult(Outcome.NOT_STARTED, "429", http_status=429, retry_after=30)
+    protection.observe("tickets", [paused])  # the deployment's credential paused
+    protection.observe("tickets", [REFUSED])
+    view = protection.outlook(["tickets"])
+    assert view.held["tickets"].gate == "circuit" and "tickets" not in view.permits
+    held = protection.admit("tickets", 1, credential="fp-a")
+    assert isinstance(held, Hold) and held.gate == "circuit"

@@ -1513,6 +1513,7 @@ export interface components {
             readonly retired_at: string | null;
             readonly retired_by: string;
             replaces: string;
+            readonly rate_limit: string;
         };
         ProviderCredentialList: {
             provider: string;
@@ -1727,6 +1728,7 @@ export interface components {
         SagaTaskStateEnum: "open" | "done";
         SecretRequest: {
             secret: string;
+            rate_limit?: string;
         };
         /**
          * @description * `tenant` - tenant

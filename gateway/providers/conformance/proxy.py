@@ -5,7 +5,8 @@ It is a test device, not a gateway component: the adapter under test is pointed 
 (:meth:`FaultProxy.front` turns the server's base URL into the proxy's), and it forwards
 each request to the server on a connection of its own, unless a rule says otherwise. Rules
 (:meth:`FaultProxy.add`), each for ``times`` requests of one method (optionally whose path
-matches a regular expression):
+matches a regular expression, and whose headers carry the values of ``header``, e.g. one
+credential's ``Authorization``):
 
 - ``reset``: read the whole request, then reset the connection; never forwarded.
 - ``drop_after_forward``: forward, read the server's answer, close without a byte.
@@ -29,6 +30,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -62,9 +64,12 @@ class Rule:
     path: str | None = None  # a regular expression searched in the request target
     times: int | None = 1  # None: until cleared
     params: dict[str, Any] = field(default_factory=dict)
+    header: dict[str, str] = field(default_factory=dict)  # lower-case name -> exact value
 
-    def matches(self, method: str, target: str) -> bool:
-        return self.method == method and (self.path is None or bool(re.search(self.path, target)))
+    def matches(self, method: str, target: str, headers: Any = None) -> bool:
+        if self.method != method or (self.path is not None and not re.search(self.path, target)):
+            return False
+        return all((headers or {}).get(name) == value for name, value in self.header.items())
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,13 @@ class FaultProxy:
         method: str = "POST",
         path: str | None = None,
         times: int | None = 1,
+        header: dict[str, str] | None = None,
         **params: Any,
     ) -> Rule:
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}; known: {', '.join(sorted(ACTIONS))}")
-        rule = Rule(action, method.upper(), path, times, params)
+        wanted = {name.lower(): value for name, value in (header or {}).items()}
+        rule = Rule(action, method.upper(), path, times, params, wanted)
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -156,11 +163,11 @@ class FaultProxy:
 
     # -- used by the handler -----------------------------------------------------------------
 
-    def take_rule(self, method: str, target: str) -> Rule | None:
+    def take_rule(self, method: str, target: str, headers: Any = None) -> Rule | None:
         """The oldest rule for this request, counted as applied."""
         with self._lock:
             for rule in self._rules:
-                if rule.matches(method, target):
+                if rule.matches(method, target, headers):
                     if rule.times is not None:
                         rule.times -= 1
                         if rule.times <= 0:
@@ -245,10 +252,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _relay(self, method: str) -> None:
         proxy = self.server.proxy
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        rule = proxy.take_rule(method, self.path)
+        rule = proxy.take_rule(method, self.path, self.headers)
         action = rule.action if rule is not None else "forward"
         params = rule.params if rule is not None else {}
-        event: dict[str, Any] = {"method": method, "path": self.path, "action": action}
+        event: dict[str, Any] = {
+            "method": method,
+            "path": self.path,
+            "action": action,
+            "at": time.time(),
+        }
         if proxy.record_headers:
             event["headers"] = {
                 name.lower(): self.headers.get(name)
