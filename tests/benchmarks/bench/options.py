@@ -167,6 +167,12 @@ def _workers_and_floor(parser: argparse.ArgumentParser) -> None:
 def _submitters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenants", type=int, default=1, help="submitting tenants")
     parser.add_argument(
+        "--provider-gates",
+        action="store_true",
+        help="every provider with a rate limit and a cap too high to bind: what the gates' "
+        "permits and leases cost an effect (without it, only the circuit's outlook is read)",
+    )
+    parser.add_argument(
         "--webhook-endpoint",
         action="store_true",
         help="each tenant has an enabled webhook endpoint (subscribed to an event the run "

@@ -48,6 +48,7 @@ def header(
         f"tenants {o['tenants']}, a client thread waits for {WAITS_FOR[o['loop']]}"
         + (f", grants with a budget of {o['budget_count']}" if o["budget_count"] else "")
         + (", a webhook endpoint per tenant" if o["webhook_endpoint"] else "")
+        + (", every provider gated (never binding)" if o["provider_gates"] else "")
         + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
         + f"; pure Python: 5 M additions in {speed:.2f} s of CPU"
         + f"; scheduler: {scheduler_grouping()}"

@@ -62,10 +62,20 @@ def worker_command(options: dict[str, Any], run: str, index: int, logs: Path) ->
     return worker
 
 
-def product_env(run: str, urls: dict[str, str]) -> dict[str, str]:
-    """The environment of every product process of the run."""
+# Gates that count every call but never bind at the bench's rates: what the permit path
+# (a Redis admit per claim, a lease per call, their release) costs an effect.
+OPEN_GATES = {"rate_limit": "100000/s", "max_in_flight": 1000}
+
+
+def product_env(run: str, urls: dict[str, str], *, gates: bool = False) -> dict[str, str]:
+    """The environment of every product process of the run; ``gates``: every provider
+    rate-limited and capped (``OPEN_GATES``), not only the circuit's outlook per claim."""
+    providers = {"GATEWAY_PROVIDERS": json.dumps(
+        {name: {"base_url": url, **OPEN_GATES} for name, url in urls.items()}
+    )} if gates else {}  # fmt: skip
     return {
         **os.environ,
+        **providers,
         "GATEWAY_PROVIDER_URLS": json.dumps(urls),
         "GATEWAY_TASK_QUEUE": f"bench-{run}",
         "PYTHONUNBUFFERED": "1",
@@ -88,7 +98,7 @@ class Stack:
 
     def start(self, run: str, ports: list[int], urls: dict[str, str]) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        env = product_env(run, urls)
+        env = product_env(run, urls, gates=self.options["provider_gates"])
         node_env = web_node_env(self.options["web_node_env"], len(ports))
         for node, port in enumerate(ports):
             command = web_server_command(self.options, port)
