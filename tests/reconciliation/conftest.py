@@ -14,13 +14,16 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from gateway import deadlines
 from gateway import services as ledger
 from gateway.api.auth import token_create
 from gateway.capabilities import capability_grant
 from gateway.choices import Role
+from gateway.lib import broker
 from gateway.models import Effect, Principal, Tenant
 from gateway.providers.sandbox import SandboxProvider, SandboxServer
 
@@ -34,6 +37,18 @@ TICKET = {
     "resource": {"type": "queue", "id": "support"},
     "payload": {"title": "Printer on fire", "priority": "P2"},
 }
+
+
+@pytest.fixture
+def recon_signal() -> Iterator[redis.Redis]:
+    """The deadline keys of this ledger in the broker's Redis, empty before and after the test
+    (gateway.deadlines)."""
+    client = redis.Redis.from_url(broker.url(), socket_timeout=5)
+    client.delete(deadlines.key(), deadlines.wake_key())
+    deadlines._failures.failed_at = -deadlines.REST
+    yield client
+    client.delete(deadlines.key(), deadlines.wake_key())
+    client.close()
 
 
 @pytest.fixture

@@ -10,28 +10,15 @@ import time
 from datetime import timedelta
 
 import pytest
-import redis
 from django.utils import timezone
 
 from gateway import deadlines, services
-from gateway.lib import broker
 from gateway.models import Effect, EffectEvent
 from reconciliation import selectors, waker
 from reconciliation.services.expiry import effects_expire_awaiting_approval
 from tests.conftest import REFUND
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def signal():
-    """The deadline keys of this ledger, empty before and after the test."""
-    client = redis.Redis.from_url(broker.url(), socket_timeout=5)
-    client.delete(deadlines.key(), deadlines.wake_key())
-    deadlines._failures.failed_at = -deadlines.REST
-    yield client
-    client.delete(deadlines.key(), deadlines.wake_key())
-    client.close()
 
 
 def awaiting(agent, title: str, expires_in: int) -> Effect:
@@ -79,17 +66,19 @@ def test_only_expired_commands_waiting_for_an_approver_are_expired(agent, approv
     assert Effect.objects.get(pk=approved.pk).status == "PREPARED"
 
 
-def test_a_command_that_expires_before_the_wakers_next_look_wakes_it(agent, signal, settings):
+def test_a_command_that_expires_before_the_wakers_next_look_wakes_it(agent, recon_signal, settings):
     settings.GATEWAY_WAKER_MAX_SLEEP = 5
-    deadlines.arm(signal, time.time() + 5)
+    deadlines.arm(recon_signal, time.time() + 5)
     awaiting(agent, "later", expires_in=3600)
-    assert signal.llen(deadlines.wake_key()) == 0, "after the waker's next look: nothing to say"
+    assert recon_signal.llen(deadlines.wake_key()) == 0, (
+        "after the waker's next look: nothing to say"
+    )
     awaiting(agent, "sooner", expires_in=2)
-    assert signal.llen(deadlines.wake_key()) == 1
+    assert recon_signal.llen(deadlines.wake_key()) == 1
 
 
 def test_an_approval_asked_again_at_the_claim_wakes_the_waker(
-    agent, approver, signal, settings, sandbox
+    agent, approver, recon_signal, settings, sandbox
 ):
     """An approval that grew too old before dispatch is asked again: the effect waits for an
     approver once more, until the same deadline."""
@@ -100,8 +89,8 @@ def test_an_approval_asked_again_at_the_claim_wakes_the_waker(
         effect=effect, principal=approver.principal, payload_digest=effect.command.payload_digest
     )
     Effect.objects.filter(pk=effect.pk).update(approved_at=timezone.now() - timedelta(seconds=5))
-    signal.delete(deadlines.key(), deadlines.wake_key())
-    deadlines.arm(signal, time.time() + 5)
+    recon_signal.delete(deadlines.key(), deadlines.wake_key())
+    deadlines.arm(recon_signal, time.time() + 5)
     assert services.effect_claim(effect_id=effect.pk, worker="test") is None
     assert Effect.objects.get(pk=effect.pk).status == "AWAITING_APPROVAL"
-    assert signal.llen(deadlines.wake_key()) == 1
+    assert recon_signal.llen(deadlines.wake_key()) == 1

@@ -23,63 +23,54 @@ from reconciliation.models import ReconciliationRecord
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def signal():
-    """The deadline keys of this ledger, empty before and after the test."""
-    client = redis.Redis.from_url(broker.url(), socket_timeout=5)
-    client.delete(deadlines.key(), deadlines.wake_key())
-    deadlines._failures.failed_at = -deadlines.REST
-    yield client
-    client.delete(deadlines.key(), deadlines.wake_key())
-    client.close()
-
-
 def wake_ups(client: redis.Redis) -> int:
     return client.llen(deadlines.wake_key())
 
 
-def test_a_due_time_before_the_wakers_target_wakes_exactly_one_waker(signal):
-    deadlines.arm(signal, time.time() + 10)
+def test_a_due_time_before_the_wakers_target_wakes_exactly_one_waker(recon_signal):
+    deadlines.arm(recon_signal, time.time() + 10)
     assert deadlines.announce(timezone.now() + timedelta(seconds=1))
     # The target is now that due time: a burst of later ones pushes nothing more.
     assert not deadlines.announce(timezone.now() + timedelta(seconds=2))
-    assert wake_ups(signal) == 1
+    assert wake_ups(recon_signal) == 1
     other = redis.Redis.from_url(broker.url(), socket_timeout=5)
     try:
         # Two wakers block: the one wake-up goes to one of them.
-        assert deadlines.wait(signal, 0.5)
+        assert deadlines.wait(recon_signal, 0.5)
         assert not deadlines.wait(other, 0.3)
     finally:
         other.close()
 
 
-def test_a_due_time_after_the_wakers_target_costs_no_wake_up(signal):
-    deadlines.arm(signal, time.time() + 2)
+def test_a_due_time_after_the_wakers_target_costs_no_wake_up(recon_signal):
+    deadlines.arm(recon_signal, time.time() + 2)
     assert not deadlines.announce(timezone.now() + timedelta(seconds=3))
-    assert wake_ups(signal) == 0
+    assert wake_ups(recon_signal) == 0
 
 
-def test_a_target_that_passed_no_longer_stands(signal):
+def test_a_target_that_passed_no_longer_stands(recon_signal):
     """The key expires when its waker wakes: a write then always pushes a wake-up, which the
     waker pops at its next block (the race between its read and its sleep)."""
-    deadlines.arm(signal, time.time() + 0.05)
+    deadlines.arm(recon_signal, time.time() + 0.05)
     time.sleep(0.15)
     assert deadlines.announce(timezone.now() + timedelta(seconds=4))
-    assert wake_ups(signal) == 1
+    assert wake_ups(recon_signal) == 1
 
 
-def test_a_write_through_the_ledger_wakes_the_waker_after_commit(signal, recon_unknown, settings):
+def test_a_write_through_the_ledger_wakes_the_waker_after_commit(
+    recon_signal, recon_unknown, settings
+):
     settings.GATEWAY_WAKER_MAX_SLEEP = 5
     effect = recon_unknown()
-    signal.delete(deadlines.key(), deadlines.wake_key())  # what the dispatch record pushed
-    deadlines.arm(signal, time.time() + 5)
+    recon_signal.delete(deadlines.key(), deadlines.wake_key())  # what the dispatch record pushed
+    deadlines.arm(recon_signal, time.time() + 5)
     ledger.schedule_checks([effect.pk], timezone.now() + timedelta(seconds=10))
-    assert wake_ups(signal) == 0, "later than the waker's next look: nothing to say"
+    assert wake_ups(recon_signal) == 0, "later than the waker's next look: nothing to say"
     ledger.schedule_checks([effect.pk], timezone.now() + timedelta(seconds=1))
-    assert wake_ups(signal) == 1
+    assert wake_ups(recon_signal) == 1
 
 
-def test_a_broker_that_is_down_never_fails_the_writer(signal, settings, recon_unknown):
+def test_a_broker_that_is_down_never_fails_the_writer(recon_signal, settings, recon_unknown):
     effect = recon_unknown()
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:9/0"  # nothing listens there
     broker.client.cache_clear()
