@@ -18,16 +18,13 @@ from gateway.models import Effect
 from reconciliation import services as reconciliation
 from tests.console.conftest import EMAIL, REFUND, TICKET, set_state, submit
 from tests.console.test_browser import browser, shots  # noqa: F401 - fixtures
+from tests.console.test_console_flows import VIEWPORTS as FLOW_VIEWPORTS
 from tests.console.test_console_flows import check_page, open_page
 
+# A wider desktop than test_console_flows', the same phone.
 VIEWPORTS = {
     "desktop": {"viewport": {"width": 1440, "height": 900}},
-    "phone": {
-        "viewport": {"width": 390, "height": 844},
-        "is_mobile": True,
-        "has_touch": True,
-        "device_scale_factor": 2,
-    },
+    "phone": FLOW_VIEWPORTS["phone"],
 }
 
 
