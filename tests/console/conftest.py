@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from gateway import services
 from gateway.lib.digest import sha256_digest
-from gateway.models import Attempt, Effect, Principal, Receipt, Tenant
+from gateway.models import Attempt, Effect, EffectEvent, Principal, Receipt, Tenant
 
 PASSWORD = "correct-horse-battery"
 _keys = itertools.count(1)
@@ -274,6 +274,21 @@ def add_failed_lookups(effect: Effect, count: int = 8, *, first_minutes_ago: int
         )
         for number in range(1, count + 1)
     ]
+
+
+def add_notes(effect: Effect, count: int, *, created_at=None) -> None:
+    """``count`` note events by oscar on ``effect`` (created now unless ``created_at``)."""
+    EffectEvent.objects.bulk_create(
+        EffectEvent(
+            tenant_id=effect.tenant_id,
+            effect=effect,
+            kind="note",
+            actor="operator:oscar",
+            reason=f"note {n}",
+            created_at=created_at or timezone.now(),
+        )
+        for n in range(count)
+    )
 
 
 def captured_at_provider(sandbox, effect: Effect) -> dict:

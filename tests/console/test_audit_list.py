@@ -11,7 +11,7 @@ from django.utils import timezone
 from gateway import services
 from gateway.console.audit_list import AUDIT_PAGE_SIZE
 from gateway.models import EffectEvent
-from tests.console.conftest import REFUND, person, submit
+from tests.console.conftest import REFUND, add_notes, person, submit
 
 
 def event_ids(html: str) -> list[int]:
@@ -61,17 +61,7 @@ def test_filters_by_actor_action_effect_and_time(oscar, bot):
 
 def test_keyset_pages(oscar, bot):
     effect = submit(bot.principal, REFUND)
-    EffectEvent.objects.bulk_create(
-        EffectEvent(
-            tenant_id=effect.tenant_id,
-            effect=effect,
-            kind="note",
-            actor="operator:oscar",
-            reason=f"note {n}",
-            created_at=timezone.now(),
-        )
-        for n in range(AUDIT_PAGE_SIZE + 10)
-    )
+    add_notes(effect, AUDIT_PAGE_SIZE + 10)
     everything = list(
         EffectEvent.objects.filter(effect_id=effect.pk).order_by("-pk").values_list("pk", flat=True)
     )

@@ -13,7 +13,7 @@ from django.db import connection
 
 from gateway.lib.exports import safe_cell
 from gateway.models import EffectEvent
-from tests.console.conftest import REFUND, TICKET, open_case, person, set_state, submit
+from tests.console.conftest import REFUND, TICKET, add_notes, open_case, person, set_state, submit
 
 
 def body(response) -> str:
@@ -163,17 +163,7 @@ def test_export_reads_from_a_server_side_cursor_in_chunks(oscar, bot):
     """The rows come from a named cursor that is open while the response is being written,
     and the body arrives in many chunks, not as one string built in memory."""
     effect = submit(bot.principal, REFUND)
-    EffectEvent.objects.bulk_create(
-        EffectEvent(
-            tenant_id=effect.tenant_id,
-            effect=effect,
-            kind="note",
-            actor="operator:oscar",
-            reason=f"note {n}",
-            created_at=effect.created_at,
-        )
-        for n in range(2500)
-    )
+    add_notes(effect, 2500, created_at=effect.created_at)
     response = oscar.client.get("/export/audit.csv", {"effect": effect.pk})
     chunks = iter(response.streaming_content)
     first = next(chunks)
