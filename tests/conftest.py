@@ -158,6 +158,19 @@ class Persona:
 
 
 @pytest.fixture
+def queue() -> Iterator[str]:
+    """A broker queue of the test's own, the default one while it runs, so no message of
+    another test reaches the worker it starts."""
+    from tests.support.processes import new_queue
+
+    name = new_queue()
+    previous = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = name
+    yield name
+    celery_app.conf.task_default_queue = previous
+
+
+@pytest.fixture
 def agent(db) -> Persona:
     return Persona("acme", "refund-bot", "agent")
 

@@ -9,22 +9,12 @@ from collections import Counter
 
 import pytest
 
-from gateway.celery import app as celery_app
 from gateway.lib import broker
 from gateway.models import Attempt, Effect
 from tests.support import crash
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def submit(agent, body: dict, key: str) -> str:

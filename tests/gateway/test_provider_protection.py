@@ -8,20 +8,21 @@ test_protection_rules.py."""
 from __future__ import annotations
 
 import json
-import socket
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from gateway.celery import app as celery_app
 from gateway.choices import Outcome
 from gateway.models import Attempt, Effect
 from gateway.providers import protection
 from gateway.providers.gates import CLOSED, OPEN
 from gateway.providers.sandbox import SandboxServer
 from tests.support.crash import RECOVERY_ENV
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, free_port, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -32,21 +33,6 @@ ENV = {
     "GATEWAY_CIRCUIT_FAILURES": "2",
     "GATEWAY_CIRCUIT_OPEN_SECONDS": "2",
 }
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def ticket(title: str) -> dict:
@@ -64,6 +50,21 @@ def submit_tickets(agent, count: int, prefix: str) -> list[str]:
         assert response.status_code == 201, response.json()
         ids.append(response.json()["effect_id"])
     return ids
+
+
+@contextmanager
+def beat_and_two_workers(queue: str, tmp_path: Path, env: dict[str, str]) -> Iterator[None]:
+    """Beat and two solo workers on the test's queue, stopped when the block ends."""
+    beat = Celery("beat", queue, tmp_path / "beat.log", **env)
+    workers = [
+        Celery("worker", queue, tmp_path / f"worker{n}.log", pool="solo", **env) for n in (1, 2)
+    ]
+    try:
+        yield
+    finally:
+        for worker in workers:
+            worker.stop()
+        beat.stop()
 
 
 def statuses(ids: list[str]) -> Counter:
@@ -142,11 +143,7 @@ def test_a_retry_after_pauses_the_provider_for_every_worker(
     sandbox, agent, queue, tmp_path, settings
 ):
     sandbox.add_fault("reject", times=1, type="ticket.create", status=429, retry_after=3)
-    beat = Celery("beat", queue, tmp_path / "beat.log", **ENV)
-    workers = [
-        Celery("worker", queue, tmp_path / f"worker{n}.log", pool="solo", **ENV) for n in (1, 2)
-    ]
-    try:
+    with beat_and_two_workers(queue, tmp_path, ENV):
         (first,) = submit_tickets(agent, 1, "paced")
         wait_until(
             lambda: protection.snapshot()["tickets"].paused_until is not None,
@@ -155,10 +152,6 @@ def test_a_retry_after_pauses_the_provider_for_every_worker(
         )
         ids = [first, *submit_tickets(agent, 6, "later")]
         wait_until(lambda: confirmed(ids), timeout=90, what="every effect confirmed")
-    finally:
-        for worker in workers:
-            worker.stop()
-        beat.stop()
     log = [e for e in sandbox.log(provider="tickets") if not e["action"].startswith("lookup")]
     refused = [entry for entry in log if entry["status"] == 429]
     assert len(refused) == 1
@@ -180,17 +173,11 @@ def test_the_cap_on_calls_in_flight_holds_across_workers(sandbox, agent, queue, 
     }
     sandbox.add_fault("slow", times=None, type="ticket.create", seconds=0.4)
     env = {**ENV, "GATEWAY_PROVIDERS": json.dumps(providers)}
-    beat = Celery("beat", queue, tmp_path / "beat.log", **env)
-    workers = [
-        Celery("worker", queue, tmp_path / f"worker{n}.log", pool="solo", **env) for n in (1, 2)
-    ]
     try:
-        ids = submit_tickets(agent, 12, "capped")
-        wait_until(lambda: confirmed(ids), timeout=120, what="every effect confirmed")
+        with beat_and_two_workers(queue, tmp_path, env):
+            ids = submit_tickets(agent, 12, "capped")
+            wait_until(lambda: confirmed(ids), timeout=120, what="every effect confirmed")
     finally:
-        for worker in workers:
-            worker.stop()
-        beat.stop()
         server.stop()
     assert server.peak_in_flight("tickets") == 2
     assert keys_at_provider(sandbox) == Counter(dict.fromkeys(provider_keys(ids), 1))
@@ -201,17 +188,9 @@ def test_a_rate_limit_is_shared_by_every_worker(sandbox, agent, queue, tmp_path,
     providers = {"tickets": {"rate_limit": "4/s"}}
     settings.GATEWAY_PROVIDERS = providers
     env = {**ENV, "GATEWAY_PROVIDERS": json.dumps(providers)}
-    beat = Celery("beat", queue, tmp_path / "beat.log", **env)
-    workers = [
-        Celery("worker", queue, tmp_path / f"worker{n}.log", pool="solo", **env) for n in (1, 2)
-    ]
-    try:
+    with beat_and_two_workers(queue, tmp_path, env):
         ids = submit_tickets(agent, 10, "paced")
         wait_until(lambda: confirmed(ids), timeout=120, what="every effect confirmed")
-    finally:
-        for worker in workers:
-            worker.stop()
-        beat.stop()
     sent = sorted(
         datetime.fromisoformat(entry["at"])
         for entry in sandbox.log(provider="tickets")

@@ -5,22 +5,11 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from gateway.celery import app as celery_app
 from gateway.models import Attempt, Effect, EffectEvent
 from gateway.tasks import dispatch_effect
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-
-@pytest.fixture
-def queue():
-    """A queue of the test's own, so no message of another test reaches its worker."""
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def statuses(ids: list[str]) -> dict[str, str]:

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from gateway.celery import app as celery_app
 from gateway.contracts import get_contract
 from gateway.models import Attempt, Effect
 from gateway.services import worker_name
 from tests.support.acme_tickets import AcmeTicketsServer
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -39,15 +38,6 @@ def acme(settings, monkeypatch):
     settings.GATEWAY_CONTRACT_MODULES = MODULES
     yield server
     server.stop()
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def status(effect_id: str) -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gateway.models import Command, Effect
-from tests.support.mcp import free_port, streamable_http_mcp
+from tests.support.mcp import streamable_http_mcp
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

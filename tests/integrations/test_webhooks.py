@@ -374,19 +374,6 @@ def test_other_tenants_hear_nothing(
     assert WebhookMessage.objects.count() == 0
 
 
-@pytest.fixture
-def queue():
-    """A broker queue of the test's own, so no message of another test reaches its worker."""
-    from gateway.celery import app as celery_app
-    from tests.support.processes import new_queue
-
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
-
-
 @pytest.mark.worker
 def test_a_real_worker_delivers_and_beat_retries(
     agent, ticket_body, sandbox, receiver, webhook_endpoint, queue, tmp_path

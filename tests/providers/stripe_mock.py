@@ -11,13 +11,14 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tests.support.processes import free_port
 
 SERVER_DIR = Path(__file__).resolve().parents[2] / "scripts" / "stripe_server"
 ENTRY = SERVER_DIR / "node_modules" / "stripe-stateful-mock" / "dist" / "autostart.js"
@@ -46,12 +47,6 @@ def ensure_installed() -> None:
             )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class StripeMock:
     """One running stripe-stateful-mock; ``url`` is its API base."""
 
@@ -66,7 +61,7 @@ class StripeMock:
     def start(self, *, wait: float = 20.0) -> None:
         ensure_installed()
         for _ in range(3):  # the free port can be taken between choosing and binding it
-            self.port = _free_port()
+            self.port = free_port()
             env = {**os.environ, "PORT": str(self.port), "LOG_LEVEL": "silent"}
             self.process = subprocess.Popen(
                 ["node", str(ENTRY)],

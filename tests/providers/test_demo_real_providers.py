@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 from email import message_from_bytes
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 import stripe
 from django.db import connection
 
-from gateway.celery import app as celery_app
 from gateway.contracts import CONTRACTS
 from gateway.management import demo_mail
 from gateway.management.commands import demo
@@ -26,23 +24,17 @@ from gateway.providers import registry
 from gateway.providers.base import LookupStatus
 from gateway.providers.config import fingerprint
 from gateway.providers.smtp import message_id_for
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, free_port, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 NEEDS_NODE = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def stripe_url():
     """The demo's Stripe child, started and stopped by the demo's own functions."""
     demo.ensure_stripe_server()
-    port = _free_port()
+    port = free_port()
     child = demo.stripe_child(port, verbose=False)
     lines: list[str] = []
     demo.start_child(child, dict(os.environ), lambda name, colour, line: lines.append(line))
@@ -52,15 +44,6 @@ def stripe_url():
         yield url
     finally:
         demo.stop_children([child], demo.StopSignal())
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def settled(effect_id: str) -> Effect:
@@ -133,7 +116,7 @@ def test_a_refund_made_in_the_demo_shows_up_in_stripes_own_api(
 def smtp_server(tmp_path):
     """The demo's SMTP child (aiosmtpd into a Maildir), started and stopped by the demo's own
     functions; its port and its Maildir."""
-    port, maildir = _free_port(), tmp_path / "demo-mail"
+    port, maildir = free_port(), tmp_path / "demo-mail"
     child = demo.smtp_child(port, maildir)
     demo.start_child(child, dict(os.environ), lambda name, colour, line: None)
     try:
@@ -187,8 +170,8 @@ def demo_mail_servers(settings):
     root = Path(tempfile.mkdtemp(prefix="effect-gateway-demo-var-"))
     root.chmod(0o755)
     settings.VAR_DIR = root
-    smtp_port = _free_port()
-    servers = demo.mail_servers(smtp_port, _free_port())
+    smtp_port = free_port()
+    servers = demo.mail_servers(smtp_port, free_port())
     assert servers.imap_port, "Dovecot is installed: the demo runs its archive"
     for child in servers.children:
         demo.start_child(child, dict(os.environ), lambda name, colour, line: None)

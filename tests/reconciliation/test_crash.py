@@ -8,20 +8,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.celery import app as celery_app
 from tests.support import crash
-from tests.support.processes import new_queue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def submit(agent, count: int, prefix: str) -> list[str]:

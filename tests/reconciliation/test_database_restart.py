@@ -7,21 +7,11 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from gateway.celery import app as celery_app
 from gateway.models import Effect
 from tests.support.crash import Supervisor
-from tests.support.processes import new_queue, wait_until
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def submit(agent, key: str) -> str:

@@ -11,11 +11,10 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from gateway.celery import app as celery_app
 from gateway.models import Effect, EffectEvent
 from reconciliation.models import ReconciliationRecord
 from tests.conftest import REFUND
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -23,15 +22,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 NO_SWEEPS = {"GATEWAY_RECONCILE_INTERVAL": "3600", "GATEWAY_WAKER_MAX_SLEEP": "60"}
 LATE_AT_MOST = 15.0  # seconds after the due time; what is measured is printed
 LEASE = 6
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def submit(agent, ticket_body, title: str) -> str:

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -45,13 +44,11 @@ from django.core.management import call_command
 from django.db import connection
 from rest_framework.test import APIClient
 
-from gateway.celery import app as celery_app
-from gateway.embedded import pytest_plugin
 from gateway.lib import broker
 from gateway.lib.failpoints import parse as parse_failpoints
 from tests.support import crash
 from tests.support.campaign import WebNode, judge, wait_for
-from tests.support.processes import Celery, new_queue
+from tests.support.processes import Celery, free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
@@ -89,32 +86,6 @@ KINDS = (
     "second worker",
     *SANDBOX_KINDS,
 )
-
-
-@pytest.fixture
-def servers():
-    found = pytest_plugin.servers()
-    if found is None:
-        pytest.skip(
-            "the fault campaign stops and starts PostgreSQL and the broker: it needs the run's "
-            "own embedded servers (DATABASE_URL unset) in one process (-n 0); `make test-slow`"
-        )
-    return found
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -27,11 +27,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from gateway.celery import app as celery_app
-from gateway.embedded import pytest_plugin
 from gateway.models import Effect
 from tests.support import crash
-from tests.support.processes import new_queue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
@@ -46,26 +43,6 @@ FAULTS_PER_KIND = max(2, COMMANDS // 30)
 # Once PostgreSQL is back, confirmations must resume within this (a lease, a sweep, a
 # reconnect); a worker that kept its dead connection stalled 85 s here.
 RESUME_WITHIN = 30.0
-
-
-@pytest.fixture
-def servers():
-    found = pytest_plugin.servers()
-    if found is None:
-        pytest.skip(
-            "the fault run stops and starts PostgreSQL and the broker: it needs the run's own "
-            "embedded servers (DATABASE_URL unset) in one process (-n 0); `make test-slow`"
-        )
-    return found
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 def switch_fault(base_url: str, fault: str, **rule) -> None:

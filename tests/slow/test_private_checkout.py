@@ -14,7 +14,6 @@ EG_PRIVATE_CHECKOUT_PYTEST_ARGS narrows its pytest step, e.g. "tests/embedded -q
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.embedded.checkout import (
     status,
     wait_gone,
 )
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,6 @@ INSTALLED = {
     "!! clients/typescript/node_modules/",
 }
 PYTEST_ARGS = os.environ.get("EG_PRIVATE_CHECKOUT_PYTEST_ARGS", "")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def leftovers(before: list[str], after: list[str]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +102,13 @@ class Celery:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def free_port() -> int:
+    """A loopback port free at the time of asking."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def new_queue() -> str:
