@@ -54,7 +54,7 @@ from gateway.fastpath import (
 )
 from gateway.ledger import worker_actor
 from gateway.lib import prepared
-from gateway.provider_credentials import SENT_WITH_SQL, rate_of_sql
+from gateway.provider_credentials import OWN_CREDENTIAL_TENANTS_SQL, SENT_WITH_SQL, rate_of_sql
 from gateway.providers.base import CallResult
 
 
@@ -167,7 +167,7 @@ WITH due AS (
     SELECT x.effect_id, x.fp, {rate_of_sql("x")} AS rate FROM (
         SELECT e.effect_id, e.tenant_id, c.provider, e.next_dispatch_at,
                ({SENT_WITH_SQL}) AS fp {_DUE_FROM}
-           AND c.provider = %(provider)s) x
+           AND c.provider = %(provider)s AND {OWN_CREDENTIAL_TENANTS_SQL}) x
      WHERE x.fp IS NOT NULL AND x.fp <> ALL(%(held)s::text[])
      ORDER BY x.next_dispatch_at
      LIMIT %(peek)s

@@ -440,6 +440,16 @@ THEN COALESCE(
 END"""
 
 
+# Due rows of ``provider`` whose tenant holds a usable credential of its own there: the only
+# ones SENT_WITH_SQL can name a fingerprint for. Without such a credential the condition is
+# false once for the statement (not per row), and a backlog is not scanned for nothing.
+OWN_CREDENTIAL_TENANTS_SQL = f"""e.tenant_id IN (
+    SELECT pt.tenant_id FROM gateway_providercredential pt
+     WHERE pt.provider = %(provider)s AND pt.state IN ({_USABLE_IN}))
+ AND EXISTS (SELECT 1 FROM gateway_providercredential px
+              WHERE px.provider = %(provider)s AND px.state IN ({_USABLE_IN}))"""
+
+
 def rate_of_sql(row: str) -> str:
     """A credential's own rate ("" for the provider's), over a row ``row`` with its
     ``tenant_id``, ``provider`` and ``fp`` (``SENT_WITH_SQL``)."""

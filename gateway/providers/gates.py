@@ -42,6 +42,11 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 # The gates that hold an admission back, as named in logs, metrics and the console.
 PAUSED, CIRCUIT, IN_FLIGHT, RATE = "paused", "circuit", "in-flight", "rate"
 
+# A claim may take this long's worth of a rate's permits at once (``Rate.burst``): one
+# permit per claim would cap a drainer at one send per round trip (a few tens a second),
+# whatever the rate; a rate of 50/s or less stays evenly spaced.
+BURST_SECONDS = 0.02
+
 # A rate key not used for this long is dropped from the state (``GateState.prune``).
 IDLE = 3600.0
 
@@ -82,7 +87,7 @@ def parse_rate(text: str) -> Rate:
     per = float(match.group(2) or 1) * _UNITS[match.group(3)]
     if count < 1 or per <= 0:
         raise ValueError(f"{text!r}: the count and the period must be positive")
-    return Rate(count, per, text.strip())
+    return Rate(count, per, text.strip(), burst=max(1, math.floor(count * BURST_SECONDS / per)))
 
 
 def rate_take(rate: Rate, tat: float, now: float, wanted: int) -> tuple[int, float]:

@@ -14,28 +14,18 @@ from collections import Counter
 
 import pytest
 
-from gateway.celery import app as celery_app
 from gateway.models import Attempt, Effect
 from gateway.providers import registry
 from gateway.providers.conformance.proxy import FaultProxy
 from tests.conftest import Persona
 from tests.support.crash import RECOVERY_ENV
-from tests.support.processes import Celery, new_queue, wait_until
+from tests.support.processes import Celery, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 DEPLOYMENT = "deployment-tickets-token-0123-DDDD"
 ACME = "acme-own-tickets-token-012345-AAAA"
 GLOBEX = "globex-own-tickets-token-0123-CCCC"
-
-
-@pytest.fixture
-def queue():
-    name = new_queue()
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
 
 
 @pytest.fixture

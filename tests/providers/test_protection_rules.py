@@ -39,6 +39,15 @@ def test_malformed_rates_are_refused(text):
         parse_rate(text)
 
 
+@pytest.mark.parametrize(("text", "burst"), [("50/s", 1), ("100/s", 2), ("1000/s", 20),
+                                              ("6000/min", 2), ("100000/s", 2000)])  # fmt: skip
+def test_a_claim_may_take_twenty_milliseconds_of_a_fast_rate_at_once(text, burst):
+    rate = parse_rate(text)
+    assert rate.burst == burst
+    granted, _ = gates.rate_take(rate, 0.0, 100.0, 10_000)
+    assert granted == burst
+
+
 def test_permits_are_evenly_spaced_one_per_interval():
     rate = parse_rate("10/s")  # one every 0.1 s
     granted, tat = gates.rate_take(rate, 0.0, 100.0, 25)
