@@ -782,7 +782,9 @@ def test_the_sweeper_wakes_one_drainer_for_what_waits_behind_a_backlog(
             time.sleep(0.05)
     finally:
         drainers.stop(timeout=10)
-    assert wake_ups(queue) == []
+    # The sweep's wake-up was taken. A drainer stopped before its last, empty claim hands the
+    # drain over (announces once more), as a stopping worker does.
+    assert [wake for wake in wake_ups(queue) if wake != b"handed over"] == []
     assert sent_keys(sandbox) == Counter({key_of(effect_id): 1 for effect_id in ids})
 
 

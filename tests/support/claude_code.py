@@ -4,6 +4,7 @@ checkout), run with ``-p`` in a project holding the docs' configs verbatim."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -37,17 +38,23 @@ def install() -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     home = cache / "effect-gateway" / f"claude-code-{version}"
     binary = home / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(PINNED / name, home / name)
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=home,
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
+    done = home / ".installed"  # written once `npm ci` has finished, never before
+    home.mkdir(parents=True, exist_ok=True)
+    # Test processes running side by side: one installs, the others wait for it, and none
+    # runs the program while `npm ci` is still writing it.
+    with open(home.parent / f"{home.name}.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        if not done.exists():
+            for name in ("package.json", "package-lock.json"):
+                shutil.copy(PINNED / name, home / name)
+            subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=home,
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+            done.touch()
     return binary
 
 
